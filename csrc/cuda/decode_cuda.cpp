@@ -1,0 +1,83 @@
+// TORCH_LIBRARY_IMPL(mla, CUDA): the shared op entry points bound to the CUDA launchers, on the current stream of
+// the inputs' device. No host synchronisation and shape-only allocation, so calls are CUDA-graph capturable.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <stdexcept>
+
+#include "../decode_ops.h"
+#include "launch.h"
+
+namespace mla {
+namespace {
+
+// The launchers are torch-free and report failures as std::runtime_error; re-raise them as torch errors.
+template <class Fn>
+void call_launcher(const char* op, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, op, ": CUDA launch failed: ", e.what());
+  }
+}
+
+// SM count of the current device, read once per device (a driver query, no synchronisation).
+int current_device_sm_count() {
+  static std::array<std::atomic<int>, 64> cache{};
+  const int device = c10::cuda::current_device();
+  std::atomic<int>& slot = cache.at(static_cast<size_t>(device));
+  int count = slot.load(std::memory_order_relaxed);
+  if (count == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    slot.store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+struct CudaBackend {
+  using Guard = c10::cuda::CUDAGuard;
+
+  static void check_strict_allowed() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status));
+    TORCH_CHECK(status == cudaStreamCaptureStatusNone,
+                "mla.decode: strict mode copies seq_lens and block_table to the host, which CUDA graph capture "
+                "forbids; call mla_ext.set_strict(False) before capturing");
+  }
+
+  static int default_kv_len_per_split(const DecodeParams& p, DType dtype) {
+    return cuda::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity,
+                                          current_device_sm_count(), dtype);
+  }
+
+  static void decode(const DecodeParams& p, DType dtype) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    call_launcher("mla.decode", [&] {
+      switch (dtype) {
+        case DType::kFloat16: cuda::launch_decode<DType::kFloat16>(p, stream); break;
+        case DType::kBFloat16: cuda::launch_decode<DType::kBFloat16>(p, stream); break;
+        case DType::kFloat32: cuda::launch_decode<DType::kFloat32>(p, stream); break;
+      }
+    });
+  }
+
+  static void merge_states(const MergeStatesParams& p, DType dtype) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    call_launcher("mla.merge_states", [&] {
+      switch (dtype) {
+        case DType::kFloat16: cuda::launch_merge_states<DType::kFloat16>(p, stream); break;
+        case DType::kBFloat16: cuda::launch_merge_states<DType::kBFloat16>(p, stream); break;
+        case DType::kFloat32: cuda::launch_merge_states<DType::kFloat32>(p, stream); break;
+      }
+    });
+  }
+};
+
+}  // namespace
+}  // namespace mla
+
+TORCH_LIBRARY_IMPL(mla, CUDA, m) { mla::register_backend<mla::CudaBackend>(m); }

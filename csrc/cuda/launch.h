@@ -1,0 +1,24 @@
+// Torch-free entry points of the CUDA kernels. Each is explicitly instantiated once per dtype in
+// instantiations/{fp16,bf16,fp32}.cu; the torch-facing launcher (decode_cuda.cpp) calls them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../params.h"
+
+namespace mla::cuda {
+
+// Runs the split-KV main kernel and, when params.num_splits > 1, the split-combine kernel, on `stream`.
+// Writes params.out and params.lse for every row, including rows that see no key (out 0, lse -inf).
+template <DType dtype>
+void launch_decode(const DecodeParams& params, cudaStream_t stream);
+
+// out = exp(lse_a - m) * out_a + exp(lse_b - m) * out_b normalised; both -inf gives out 0, lse -inf.
+template <DType dtype>
+void launch_merge_states(const MergeStatesParams& params, cudaStream_t stream);
+
+// Default kv_len_per_split from shapes and the SM count only (no seq_lens: CUDA-graph safe).
+// rows_per_seq = S_q * H; capacity = keys a sequence can hold. Returns a positive multiple of 16.
+int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype);
+
+}  // namespace mla::cuda

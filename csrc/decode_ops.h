@@ -1,0 +1,118 @@
+// The op entry points, written once for every backend. A Backend supplies:
+//   Guard                                  device guard constructed from the inputs' device
+//   check_strict_allowed()                 raises where a host copy is not allowed (CUDA graph capture)
+//   default_kv_len_per_split(params, dtype)
+//   decode(params, dtype)                  params fully bound: outputs, split, partials
+//   merge_states(params, dtype)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "decode_args.h"
+
+namespace mla {
+
+template <class Backend>
+void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
+                const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens) {
+  if (strict_mode()) {
+    Backend::check_strict_allowed();
+    check_index_values(block_table, seq_lens, problem.params);
+  }
+  bind_decode_outputs(problem, out, lse);
+  DecodeParams& p = problem.params;
+  if (p.batch == 0) {
+    return;
+  }
+  if (p.capacity == 0) {  // no key can be visible (S_kv = 0 or no pages): the empty-attention result
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return;
+  }
+  set_split(problem, Backend::default_kv_len_per_split(p, problem.dtype));
+  at::Tensor out_partial, lse_partial;  // kept alive until the kernels are enqueued (stream-ordered allocator)
+  if (p.num_splits > 1) {
+    const auto options = q.options().dtype(at::kFloat);
+    const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+    out_partial = at::empty({p.batch, rows, p.num_splits, kHeadDim}, options);
+    lse_partial = at::empty({p.batch, rows, p.num_splits}, options);
+    p.out_partial = out_partial.data_ptr<float>();
+    p.lse_partial = lse_partial.data_ptr<float>();
+  } else {
+    p.out_partial = nullptr;
+    p.lse_partial = nullptr;
+  }
+  Backend::decode(p, problem.dtype);
+}
+
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor> decode_with_lse(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv,
+                                                   const at::Tensor& k_pe, std::optional<double> sm_scale,
+                                                   std::optional<int64_t> kv_len_per_split,
+                                                   const std::optional<at::Tensor>& block_table,
+                                                   const std::optional<at::Tensor>& seq_lens, bool causal) {
+  typename Backend::Guard guard(q.device());
+  DecodeProblem problem =
+      check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
+  at::Tensor out = at::empty(out_shape(q), q.options());
+  at::Tensor lse = at::empty(lse_shape(q), q.options().dtype(at::kFloat));
+  run_decode<Backend>(problem, q, out, lse, block_table, seq_lens);
+  return {out, lse};
+}
+
+template <class Backend>
+at::Tensor decode(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& k_pe,
+                  std::optional<double> sm_scale, std::optional<int64_t> kv_len_per_split,
+                  const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens,
+                  bool causal) {
+  return std::get<0>(
+      decode_with_lse<Backend>(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal));
+}
+
+template <class Backend>
+void decode_out(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& k_pe,
+                std::optional<double> sm_scale, std::optional<int64_t> kv_len_per_split,
+                const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens, bool causal,
+                const at::Tensor& out, const std::optional<at::Tensor>& lse) {
+  typename Backend::Guard guard(q.device());
+  DecodeProblem problem =
+      check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
+  check_decode_outputs(q, out, lse);
+  const at::Tensor lse_out =
+      lse.has_value() ? *lse : at::empty(lse_shape(q), q.options().dtype(at::kFloat));
+  run_decode<Backend>(problem, q, out, lse_out, block_table, seq_lens);
+}
+
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor> merge_states(const at::Tensor& out_a, const at::Tensor& lse_a,
+                                                const at::Tensor& out_b, const at::Tensor& lse_b) {
+  typename Backend::Guard guard(out_a.device());
+  const int64_t rows = check_merge_args(out_a, lse_a, out_b, lse_b);
+  const at::Tensor a = out_a.contiguous(), b = out_b.contiguous();
+  const at::Tensor la = lse_a.contiguous(), lb = lse_b.contiguous();
+  at::Tensor out = at::empty(out_a.sizes(), out_a.options());
+  at::Tensor lse = at::empty(lse_a.sizes(), lse_a.options());
+  if (rows > 0) {
+    MergeStatesParams params{a.data_ptr(),   la.data_ptr<float>(), b.data_ptr(), lb.data_ptr<float>(),
+                             out.data_ptr(), lse.data_ptr<float>(), rows,        static_cast<int>(out_a.size(-1))};
+    Backend::merge_states(params, dtype_of(out_a));
+  }
+  return {out, lse};
+}
+
+// Registers the four ops of one backend (call inside TORCH_LIBRARY_IMPL(mla, <key>, m)).
+template <class Backend>
+void register_backend(torch::Library& m) {
+  m.impl("decode", &decode<Backend>);
+  m.impl("decode_with_lse", &decode_with_lse<Backend>);
+  m.impl("decode_out", &decode_out<Backend>);
+  m.impl("merge_states", &merge_states<Backend>);
+}
+
+}  // namespace mla

@@ -1,0 +1,69 @@
+// Plain structs the kernels take: pointers, sizes, and strides in elements. No torch headers here, so .cu files
+// that include this compile quickly and stay reusable outside PyTorch.
+#pragma once
+
+#include <cstdint>
+
+namespace mla {
+
+constexpr int kHeadDim = 512;  // D: the latent (kv_lora_rank) width of DeepSeek-V2/V3/R1 and Kimi-K2
+constexpr int kRopeDim = 64;   // Dpe: the decoupled rotary part
+
+enum class DType { kFloat16, kBFloat16, kFloat32 };
+
+// One decode call. Query rows of a sequence are ordered r = t * num_heads + h (t: query token, h: head); all rows
+// of one sequence attend to the same keys, so a CTA / task handles a block of rows against a block of keys.
+// Dense caches are described as paged ones: one page per sequence (page_size = S_kv, block_table = nullptr).
+struct DecodeParams {
+  const void* q;     // [B, S_q, H, D]
+  const void* q_pe;  // [B, S_q, H, Dpe]
+  int64_t q_batch_stride, q_seq_stride, q_head_stride;
+  int64_t q_pe_batch_stride, q_pe_seq_stride, q_pe_head_stride;
+
+  const void* kv;    // [P, page_size, D]     (dense: [B, S_kv, D])
+  const void* k_pe;  // [P, page_size, Dpe]   (dense: [B, S_kv, Dpe])
+  int64_t kv_page_stride, kv_row_stride;
+  int64_t k_pe_page_stride, k_pe_row_stride;
+
+  const int32_t* block_table;  // [B, max_pages]; nullptr for dense caches (page of sequence b is b)
+  int64_t block_table_batch_stride;
+  const int32_t* seq_lens;  // [B]; nullptr means every sequence holds `capacity` keys
+  int64_t seq_lens_stride;
+
+  int batch;       // B
+  int seqlen_q;    // S_q
+  int num_heads;   // H
+  int num_pages;   // P: page indices outside [0, P) are treated as empty pages (never read)
+  int page_size;   // keys per page (dense: S_kv)
+  int max_pages;   // pages per sequence (dense: 1)
+  int capacity;    // page_size * max_pages: seq_lens are clamped to [0, capacity] on device
+  float sm_scale;  // softmax scale applied to q.k (natural-exp domain)
+  bool causal;     // bottom-right aligned: token t sees keys j < seq_len - S_q + 1 + t
+
+  // Split-KV: split s of a sequence covers keys [s * kv_len_per_split, (s + 1) * kv_len_per_split).
+  int kv_len_per_split;  // positive multiple of 16
+  int num_splits;        // ceil(capacity / kv_len_per_split), at least 1
+
+  void* out;  // [B, S_q, H, D], dtype of q
+  int64_t out_batch_stride, out_seq_stride, out_head_stride;
+  float* lse;  // [B, S_q, H], natural log; -inf for a row that sees no key
+  int64_t lse_batch_stride, lse_seq_stride, lse_head_stride;
+
+  // Split partials, used only when num_splits > 1 (contiguous fp32, allocated by the caller).
+  float* out_partial;  // [B, S_q * H, num_splits, D]
+  float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
+};
+
+// merge_states on flattened rows: two partial attentions over disjoint key sets, all tensors contiguous.
+struct MergeStatesParams {
+  const void* out_a;   // [rows, dim], dtype T
+  const float* lse_a;  // [rows]
+  const void* out_b;   // [rows, dim], dtype T
+  const float* lse_b;  // [rows]
+  void* out;           // [rows, dim], dtype T
+  float* lse;          // [rows]
+  int64_t rows;
+  int dim;
+};
+
+}  // namespace mla

@@ -1,0 +1,150 @@
+"""Typed Python wrappers over torch.ops.mla.*, their fake (meta) kernels, and the inference-only autograd error."""
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["decode", "merge_states", "set_strict", "is_strict"]
+
+
+def decode(
+    q: Tensor,
+    q_pe: Tensor,
+    kv: Tensor,
+    k_pe: Tensor,
+    *,
+    sm_scale: Optional[float] = None,
+    kv_len_per_split: Optional[int] = None,
+    block_table: Optional[Tensor] = None,
+    seq_lens: Optional[Tensor] = None,
+    causal: bool = False,
+    return_lse: bool = False,
+    out: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Absorbed MLA decode attention with split-KV (the attention step of DeepSeek-V2/V3/R1 and Kimi-K2).
+
+    For each sequence b, query token t and head h, over the visible keys j::
+
+        score[j] = sm_scale * (q[b,t,h] . kv[b,j] + q_pe[b,t,h] . k_pe[b,j])
+        out[b,t,h] = sum_j softmax(score)[j] * kv[b,j]        (V is the latent cache itself)
+        lse[b,t,h] = log(sum_j exp(score[j]))                  (natural log, float32)
+
+    Args:
+        q: ``[B, H, D]`` or ``[B, S_q, H, D]`` query in the latent space (D = 512).
+        q_pe: ``[B, H, Dpe]`` or ``[B, S_q, H, Dpe]`` rotary part of the query (Dpe = 64).
+        kv: the latent cache. Dense: ``[B, S_kv, D]``. Paged: ``[P, page_size, D]`` with ``block_table``.
+        k_pe: the rotary key cache, ``[B, S_kv, Dpe]`` or ``[P, page_size, Dpe]``. ``kv`` and ``k_pe`` may be the
+            two views ``cache[..., :512]`` and ``cache[..., 512:]`` of one ``[..., 576]`` cache.
+        sm_scale: softmax scale; default ``1 / sqrt(D + Dpe)`` (576 ** -0.5).
+        kv_len_per_split: keys per split-KV chunk, a positive multiple of 16. ``None`` picks it from the shapes
+            and the device (SM count on CUDA, threads on CPU). Any split gives the same result up to fp32 rounding;
+            a fixed value makes results batch-invariant.
+        block_table: int32 ``[B, max_pages]``; page ``i`` of sequence ``b`` is ``kv[block_table[b, i]]``.
+            Requires ``seq_lens``.
+        seq_lens: int32 ``[B]``, keys held by each sequence (dense default: all ``S_kv``). Values are read on the
+            device: out-of-range values are clamped to ``[0, capacity]`` (or raise in strict mode).
+        causal: with ``S_q > 1``, token ``t`` sees keys ``j < seq_len - S_q + 1 + t`` (bottom-right aligned, as in
+            speculative decoding). No effect when ``S_q == 1``.
+        return_lse: also return ``lse`` (float32, shape of ``q`` without its last dim).
+        out: optional preallocated output (shape and dtype of ``q``, last dim contiguous); written in place.
+        lse: optional preallocated float32 lse; written in place.
+
+    Returns:
+        ``out`` (dtype of ``q``), or ``(out, lse)`` when ``return_lse`` is true. A query that sees no key gets
+        ``out = 0`` and ``lse = -inf``.
+
+    Raises:
+        RuntimeError: on a wrong rank, shape, dtype, device, stride or alignment (the message names the argument),
+            unsupported head dims (only D=512, Dpe=64), ``block_table`` without ``seq_lens``, or a
+            ``kv_len_per_split`` that is not a positive multiple of 16.
+        ValueError: in strict mode (``set_strict(True)`` or ``MLA_EXT_STRICT=1``), for negative or over-capacity
+            ``seq_lens`` or ``block_table`` entries outside ``[0, P)``.
+
+    All four inputs share one dtype: float16, bfloat16 or float32; accumulation is float32. The op is
+    inference-only (no backward), does not synchronise with the host, and is CUDA-graph capturable.
+    """
+    args = (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal)
+    if out is None and lse is None:
+        if return_lse:
+            return torch.ops.mla.decode_with_lse(*args)
+        return torch.ops.mla.decode(*args)
+    if out is None:
+        out = q.new_empty(q.shape)
+    if lse is None and return_lse:
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    torch.ops.mla.decode_out(*args, out=out, lse=lse)
+    return (out, lse) if return_lse else out
+
+
+def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Combines two partial attentions over disjoint key sets (prefix/suffix caches, context-parallel shards).
+
+    ``out_*``: ``[..., D]`` of one dtype (float16, bfloat16 or float32); ``lse_*``: float32 ``[...]``, natural log.
+    Returns ``(out, lse)`` with ``out = (exp(lse_a - m) * out_a + exp(lse_b - m) * out_b) / (exp(lse_a - m) +
+    exp(lse_b - m))``, ``m = max(lse_a, lse_b)``, and ``lse = m + log(exp(lse_a - m) + exp(lse_b - m))``. Where both
+    lse are -inf the result is ``out = 0``, ``lse = -inf``.
+    """
+    return torch.ops.mla.merge_states(out_a, lse_a, out_b, lse_b)
+
+
+def set_strict(enabled: bool) -> None:
+    """Strict mode copies ``seq_lens`` and ``block_table`` to the host on every call and raises ValueError on the
+    first bad entry. Off by default (also enabled by the environment variable ``MLA_EXT_STRICT=1``); it cannot be
+    used while capturing a CUDA graph."""
+    torch.ops.mla.set_strict(bool(enabled))
+
+
+def is_strict() -> bool:
+    """Whether strict mode is on."""
+    return torch.ops.mla.is_strict()
+
+
+# Fake kernels: output shapes and dtypes from the inputs alone, for torch.compile and meta tensors.
+
+
+def _decode_fake_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake("mla::decode")
+def _decode_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
+                 causal=False):
+    return _decode_fake_outputs(q)[0]
+
+
+@torch.library.register_fake("mla::decode_with_lse")
+def _decode_with_lse_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None,
+                          seq_lens=None, causal=False):
+    return _decode_fake_outputs(q)
+
+
+@torch.library.register_fake("mla::decode_out")
+def _decode_out_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
+                     causal=False, *, out, lse=None):
+    return None
+
+
+@torch.library.register_fake("mla::merge_states")
+def _merge_states_fake(out_a, lse_a, out_b, lse_b):
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+# Inference-only: a backward through these ops is an error, said plainly rather than a missing grad_fn.
+
+
+def _no_backward(op_name: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"mla.{op_name} is an inference kernel and has no backward; compute the attention with "
+                           "differentiable PyTorch ops if you need gradients")
+
+    return backward
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+for _name in ("decode", "decode_with_lse", "merge_states"):
+    torch.library.register_autograd(f"mla::{_name}", _no_backward(_name), setup_context=_setup_context)

@@ -1,0 +1,20 @@
+# Sourced by test.sh and demo.sh: makes a fresh machine ready and (re)builds the extension when its sources
+# changed. Safe to run again: nothing is installed or rebuilt twice.
+PYTHON="${PYTHON:-python3}"
+
+missing=()
+for module in torch ninja numpy pytest hypothesis setuptools wheel; do
+  "$PYTHON" -c "import $module" 2>/dev/null || missing+=("$module")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  "$PYTHON" -m pip install --quiet "${missing[@]}"
+fi
+
+# Rebuild only when a source is newer than the built library (or there is none).
+library=$(ls mla_ext/_C*.so 2>/dev/null | head -n 1)
+if [[ -z "$library" || -n "$(find csrc setup.py -newer "$library" -type f | head -n 1)" ]]; then
+  echo "setup: building mla_ext (MAX_JOBS=${MAX_JOBS:=$(nproc)})"
+  export MAX_JOBS
+  "$PYTHON" -m pip install --quiet --no-build-isolation --no-deps -e .
+fi
