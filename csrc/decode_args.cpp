@@ -65,13 +65,13 @@ std::atomic<bool>& strict_flag() {
 
 }  // namespace
 
-DType dtype_of(const at::Tensor& t) {
+DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
   switch (t.scalar_type()) {
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     case at::kFloat: return DType::kFloat32;
     default:
-      TORCH_CHECK(false, "mla.decode: dtype must be float16, bfloat16 or float32, got ", t.scalar_type());
+      TORCH_CHECK(false, op, ": ", name, " must be float16, bfloat16 or float32, got ", t.scalar_type());
   }
 }
 
@@ -96,7 +96,7 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
   TORCH_CHECK(k_pe.size(-1) == kRopeDim, "mla.decode: k_pe has rope dim ", k_pe.size(-1), "; ", kSupportedDims);
 
   DecodeProblem problem{};
-  problem.dtype = dtype_of(q);
+  problem.dtype = dtype_of(q, "mla.decode", "q");
   for (auto [t, name] : {std::pair{&q_pe, "q_pe"}, {&kv, "kv"}, {&k_pe, "k_pe"}}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "mla.decode: ", name, " must have the dtype of q (",
                 q.scalar_type(), "), got ", t->scalar_type());
@@ -276,7 +276,7 @@ int64_t check_merge_args(const at::Tensor& out_a, const at::Tensor& lse_a, const
               shape_str(out_a), ", got ", shape_str(out_b));
   TORCH_CHECK(out_b.scalar_type() == out_a.scalar_type(), "mla.merge_states: out_b must have the dtype of out_a (",
               out_a.scalar_type(), "), got ", out_b.scalar_type());
-  dtype_of(out_a);
+  dtype_of(out_a, "mla.merge_states", "out_a");
   auto expected_lse = out_a.sizes().vec();
   expected_lse.pop_back();
   for (auto [t, name] : {std::pair{&lse_a, "lse_a"}, {&lse_b, "lse_b"}}) {

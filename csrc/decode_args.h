@@ -49,6 +49,7 @@ void check_index_values(const std::optional<at::Tensor>& block_table, const std:
 int64_t check_merge_args(const at::Tensor& out_a, const at::Tensor& lse_a, const at::Tensor& out_b,
                          const at::Tensor& lse_b);
 
-DType dtype_of(const at::Tensor& t);
+// The kernel dtype of a float16/bfloat16/float32 tensor; raises naming `op` and the argument otherwise.
+DType dtype_of(const at::Tensor& t, const char* op, const char* name);
 
 }  // namespace mla

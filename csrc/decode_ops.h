@@ -101,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> merge_states(const at::Tensor& out_a, const a
   if (rows > 0) {
     MergeStatesParams params{a.data_ptr(),   la.data_ptr<float>(), b.data_ptr(), lb.data_ptr<float>(),
                              out.data_ptr(), lse.data_ptr<float>(), rows,        static_cast<int>(out_a.size(-1))};
-    Backend::merge_states(params, dtype_of(out_a));
+    Backend::merge_states(params, dtype_of(out_a, "mla.merge_states", "out_a"));
   }
   return {out, lse};
 }

@@ -3,9 +3,10 @@
 PYTHON="${PYTHON:-python3}"
 
 missing=()
-for module in torch ninja numpy pytest hypothesis setuptools wheel; do
+for module in torch numpy pytest hypothesis setuptools; do
   "$PYTHON" -c "import $module" 2>/dev/null || missing+=("$module")
 done
+command -v ninja >/dev/null || "$PYTHON" -c "import ninja" 2>/dev/null || missing+=(ninja)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   "$PYTHON" -m pip install --quiet "${missing[@]}"

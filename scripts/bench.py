@@ -1,0 +1,638 @@
+#!/usr/bin/env python3
+"""Benchmark mla_ext.decode on the absorbed-MLA decode workload, next to every peer available in the same run.
+
+    python3 scripts/bench.py [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
+
+Workload: D=512, Dpe=64, one query token, every sequence full length S, one [B, S, 576] cache per layer (latent kv
+in the first 512 values, k_pe in the last 64, as serving frameworks store it) and one [B, H, 576] query.
+
+CUDA: L distinct layers (L = clamp(ceil(1.5 GB / cache bytes), 1, 128)) are captured back to back in one CUDA
+graph per method; the graph is replayed for ~100 ms to let the clock ramp, then timed with CUDA events. The figure
+is the median of 5 replays divided by L, so host launch cost and L2 reuse stay out of it. A 2 GiB device copy
+(read + write bytes) and a bf16 8192^3 matmul, measured in the same run, give the ceilings.
+
+CPU: the same layered loop, timed with the wall clock (no graphs), mla_ext's CPU kernel against PyTorch eager.
+
+Peers: PyTorch eager (bmm + softmax + bmm) always; FlashMLA and FlashInfer when installed (64-token pages over
+the same memory). Every method's output is checked against the float64 reference (tests/reference.py) on the
+first and last sequence of the batch. Results go to DIR/bench_<device>.json, .md and one .png per dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Set by import_project() after argument parsing, so that --help works without a built extension.
+mla_ext = None
+bench_utils = None
+
+REPO = Path(__file__).resolve().parents[1]
+HEAD_DIM, ROPE_DIM = 512, 64  # the workload: DeepSeek's latent width and rope width
+KEY_DIM = HEAD_DIM + ROPE_DIM
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+
+# The full grid; fp16 and fp32 run on SUBSET, the configs with published peer figures. Tuples are (B, H, S).
+GRID_HEADS, GRID_BATCH, GRID_SEQLEN = (16, 128), (1, 16, 64, 128), (1024, 4096, 16384)
+SUBSET = (
+    (1, 16, 1024), (1, 16, 16384), (16, 16, 4096), (64, 16, 16384), (128, 16, 4096),
+    (128, 16, 16384), (1, 128, 16384), (16, 128, 16384), (64, 128, 4096), (128, 128, 16384),
+)  # fmt: skip
+QUICK = ((1, 16, 16384), (16, 16, 4096), (128, 16, 16384), (16, 128, 16384), (64, 128, 4096))
+CPU_HEADS, CPU_BATCH, CPU_SEQLEN = (16, 128), (1, 4), (1024, 4096)
+CPU_QUICK = ((1, 16, 4096), (4, 128, 1024))
+
+# Bytes of distinct caches per timed pass: far above the last-level cache, so every layer reads from memory.
+LAYER_BUDGET = {"cuda": 1.5e9, "cpu": 128e6}
+MAX_LAYERS = {"cuda": 128, "cpu": 32}
+# Passing bound on max|out - ref| / max|ref| (fp32 allows TF32-rounded tensor-core inputs).
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}
+PEERS = ("eager", "flashmla", "flashinfer")
+PEER_LABELS = {"mla_ext": "mla_ext", "eager": "PyTorch eager", "flashmla": "FlashMLA", "flashinfer": "FlashInfer"}
+FLASH_PAGE_SIZE = 64  # FlashMLA's only page size; FlashInfer uses the same pages
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Benchmark mla_ext.decode (absorbed MLA decode, D=512, Dpe=64) against PyTorch eager and, "
+        "when installed, FlashMLA and FlashInfer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to run")
+    parser.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16, fp32, or 'all'")
+    parser.add_argument("--quick", action="store_true", help="a handful of configs (about a minute on a GPU)")
+    parser.add_argument("--batch", type=_int_list, help="override the grid's batch sizes, e.g. 1,16")
+    parser.add_argument("--heads", type=_int_list, help="override the grid's head counts, e.g. 16,128")
+    parser.add_argument("--seqlen", type=_int_list, help="override the grid's sequence lengths, e.g. 4096")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to try (empty: none)")
+    parser.add_argument("--threads", type=int, help="CPU threads for both methods (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
+    args = parser.parse_args(argv)
+    args.dtypes = DTYPE_NAMES if args.dtype == "all" else tuple(args.dtype.split(","))
+    for name in args.dtypes:
+        if name not in DTYPE_NAMES:
+            parser.error(f"--dtype: expected bf16, fp16, fp32 or all, got {name!r}")
+    args.peers = tuple(p for p in args.peers.split(",") if p)
+    for name in args.peers:
+        if name not in PEERS:
+            parser.error(f"--peers: expected names from {','.join(PEERS)}, got {name!r}")
+    return args
+
+
+def _int_list(text):
+    return tuple(int(v) for v in text.split(","))
+
+
+def plan_configs(args, dtype_name):
+    """(B, H, S) tuples for one dtype, ordered H, then B, then S (one plot line per (B, H))."""
+    if args.device == "cpu":
+        full = [(b, h, s) for h in CPU_HEADS for b in CPU_BATCH for s in CPU_SEQLEN]
+        configs = list(CPU_QUICK) if args.quick else full
+    elif args.quick:
+        configs = list(QUICK)
+    elif dtype_name == "bf16":
+        configs = [(b, h, s) for h in GRID_HEADS for b in GRID_BATCH for s in GRID_SEQLEN]
+    else:
+        configs = list(SUBSET)
+    if args.batch or args.heads or args.seqlen:  # explicit axes replace the grid
+        configs = [
+            (b, h, s)
+            for h in args.heads or sorted({c[1] for c in configs})
+            for b in args.batch or sorted({c[0] for c in configs})
+            for s in args.seqlen or sorted({c[2] for c in configs})
+        ]
+    return sorted(set(configs), key=lambda c: (c[1], c[0], c[2]))
+
+
+@dataclass(frozen=True)
+class Workload:
+    dtype_name: str
+    batch: int
+    heads: int
+    seqlen: int
+
+    @property
+    def dtype(self):
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.dtype_name]
+
+    @property
+    def cache_bytes(self):
+        return self.batch * self.seqlen * KEY_DIM * self.dtype.itemsize
+
+    @property
+    def bytes(self):
+        return bench_utils.decode_bytes(self.heads, [self.seqlen] * self.batch, self.dtype.itemsize)
+
+    @property
+    def flops(self):
+        return bench_utils.decode_flops(self.heads, [self.seqlen] * self.batch)
+
+    def num_layers(self, device_type):
+        layers = math.ceil(LAYER_BUDGET[device_type] / self.cache_bytes)
+        return max(1, min(MAX_LAYERS[device_type], layers))
+
+
+@dataclass
+class Layer:
+    """One layer's inputs; every method reads the same memory through views."""
+
+    q_full: torch.Tensor  # [B, H, 576]: latent query (first 512) and rope query (last 64)
+    cache: torch.Tensor  # [B, S, 576]: latent kv (first 512) and k_pe (last 64)
+
+    @property
+    def q(self):
+        return self.q_full[..., :HEAD_DIM]  # [B, H, 512]
+
+    @property
+    def q_pe(self):
+        return self.q_full[..., HEAD_DIM:]  # [B, H, 64]
+
+    @property
+    def kv(self):
+        return self.cache[..., :HEAD_DIM]  # [B, S, 512]
+
+    @property
+    def k_pe(self):
+        return self.cache[..., HEAD_DIM:]  # [B, S, 64]
+
+
+def make_layers(work, count, device, generator):
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(work.dtype)
+
+    return [
+        Layer(randn(work.batch, work.heads, KEY_DIM), randn(work.batch, work.seqlen, KEY_DIM)) for _ in range(count)
+    ]
+
+
+class Unavailable(Exception):
+    """A peer that cannot run here (not installed, or no kernel for this dtype / shape)."""
+
+
+# Each builder returns run(i) -> out [B, H, 512] for layer i; setup that a serving loop does once per batch
+# (allocation, scheduling metadata, plans) happens in the builder, outside the timed region.
+
+
+def build_mla_ext(work, layers, sm_scale):
+    outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+
+    def run(i):
+        layer = layers[i]
+        mla_ext.decode(layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, out=outs[i])
+        return outs[i]
+
+    return run
+
+
+def build_eager(work, layers, sm_scale):
+    def run(i):
+        layer = layers[i]
+        scores = torch.bmm(layer.q_full, layer.cache.transpose(1, 2))  # [B, H, S]
+        probs = torch.softmax(scores.float() * sm_scale, dim=-1).to(layer.cache.dtype)
+        return torch.bmm(probs, layer.kv)  # [B, H, 512]
+
+    return run
+
+
+def build_flashmla(work, layers, sm_scale):
+    try:
+        from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+    except ImportError:
+        raise Unavailable("not installed") from None
+    _require_flash_shapes(work)
+    device = layers[0].cache.device
+    pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
+    block_table = torch.arange(work.batch * pages_per_seq, dtype=torch.int32, device=device)
+    block_table = block_table.view(work.batch, pages_per_seq)  # [B, S / 64]: sequence b owns its own pages
+    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=device)
+    # Older releases take (seq_lens, s_q * h_q / h_kv, h_kv); newer ones ignore the arguments and fill the
+    # returned metadata on the first call, which the warm-up call before capture makes.
+    metadata, num_splits = get_mla_metadata(seq_lens, work.heads, 1)
+    queries = [layer.q_full.unsqueeze(1) for layer in layers]  # [B, 1, H, 576]
+    caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
+
+    def run(i):
+        out, _ = flash_mla_with_kvcache(
+            queries[i], caches[i], block_table, seq_lens, HEAD_DIM, metadata, num_splits,
+            softmax_scale=sm_scale, causal=False,
+        )  # fmt: skip
+        return out.squeeze(1)  # [B, H, 512]
+
+    return run
+
+
+def build_flashinfer(work, layers, sm_scale):
+    try:
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper
+    except ImportError:
+        raise Unavailable("not installed") from None
+    _require_flash_shapes(work)
+    device = layers[0].cache.device
+    pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
+
+    def int32(values):
+        return values.to(device=device, dtype=torch.int32)
+
+    qo_indptr = int32(torch.arange(work.batch + 1))  # [B + 1]: one query token per sequence
+    kv_indptr = int32(torch.arange(work.batch + 1) * pages_per_seq)  # [B + 1]
+    kv_indices = int32(torch.arange(work.batch * pages_per_seq))  # [B * S / 64]
+    kv_lens = int32(torch.full((work.batch,), work.seqlen))  # [B]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = BatchMLAPagedAttentionWrapper(
+        workspace, use_cuda_graph=True, qo_indptr=torch.empty_like(qo_indptr), kv_indptr=torch.empty_like(kv_indptr),
+        kv_indices=torch.empty_like(kv_indices), kv_len_arr=torch.empty_like(kv_lens),
+    )  # fmt: skip
+    wrapper.plan(
+        qo_indptr, kv_indptr, kv_indices, kv_lens, work.heads, HEAD_DIM, ROPE_DIM, FLASH_PAGE_SIZE, False, sm_scale,
+        work.dtype, work.dtype,
+    )  # fmt: skip
+    q_nope = [layer.q.contiguous() for layer in layers]  # [B, H, 512]
+    q_pe = [layer.q_pe.contiguous() for layer in layers]  # [B, H, 64]
+    paged = [layer.cache.view(-1, FLASH_PAGE_SIZE, KEY_DIM) for layer in layers]  # [P, 64, 576]
+
+    def run(i):
+        return wrapper.run(q_nope[i], q_pe[i], paged[i][..., :HEAD_DIM], paged[i][..., HEAD_DIM:])
+
+    return run
+
+
+def _require_flash_shapes(work):
+    if work.dtype_name == "fp32":
+        raise Unavailable("no fp32 kernel")
+    if work.seqlen % FLASH_PAGE_SIZE:
+        raise Unavailable(f"S must be a multiple of {FLASH_PAGE_SIZE}")
+
+
+BUILDERS = {"mla_ext": build_mla_ext, "eager": build_eager, "flashmla": build_flashmla, "flashinfer": build_flashinfer}
+
+
+def time_method(run, num_layers, device, repeats):
+    """(microseconds per layer, layer 0's output). CUDA: one graph over all layers; CPU: a plain loop."""
+    if device.type == "cpu":
+        out0 = run(0)
+        us = bench_utils.median_us(lambda: [run(i) for i in range(num_layers)], device, repeats, warmup_s=0.0)
+        return us / num_layers, out0
+    # Warm up outside capture, on a side stream as torch.cuda.graphs asks: lazy init (handles, JIT, metadata).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [run(i) for i in range(num_layers)]  # kept alive: layer 0's output is checked after the replays
+    us = bench_utils.median_us(graph.replay, device, repeats, warmup_s=0.1)
+    return us / num_layers, outs[0]
+
+
+def load_reference():
+    path = REPO / "tests" / "reference.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("mla_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decode_reference
+
+
+def reference_slice(reference, layer, sm_scale):
+    """(rows, float64 out [n, H, 512]) on the first and last sequence: a cheap check that still sees both ends."""
+    batch = layer.q_full.shape[0]
+    rows = sorted({0, batch - 1})
+    out, _ = reference(layer.q[rows], layer.q_pe[rows], layer.kv[rows], layer.k_pe[rows], sm_scale=sm_scale)
+    return rows, out
+
+
+def relative_error(out, rows, ref):
+    got = out[rows].detach().to("cpu", torch.float64)
+    if not torch.isfinite(got).all():
+        return math.inf
+    return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def measure_ceilings(device):
+    """Copy bandwidth (GB/s, read + write) and bf16 matmul throughput (TFLOP/s) of this device, measured now."""
+    ceilings = {"copy_gbps": copy_gbps(device), "matmul_tflops": matmul_tflops(device)}
+    torch.cuda.empty_cache()
+    return ceilings
+
+
+def copy_gbps(device, size=2 << 30):
+    src = torch.empty(size, dtype=torch.uint8, device=device).fill_(7)
+    dst = torch.empty_like(src)
+    us = bench_utils.median_us(lambda: dst.copy_(src), device, repeats=10, warmup_s=0.1)
+    return 2 * size / us / 1e3
+
+
+def matmul_tflops(device, size=8192):
+    gen = torch.Generator(device=device).manual_seed(1)
+    a, b = (torch.randn(size, size, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
+    c = torch.empty_like(a)
+    us = bench_utils.median_us(lambda: torch.mm(a, b, out=c), device, repeats=10, warmup_s=0.1)
+    return 2 * size**3 / us / 1e6
+
+
+def bench_config(work, device, methods, reference, repeats, seed):
+    """Times every method on one workload; returns the result record (errors are recorded, not raised)."""
+    num_layers = work.num_layers(device.type)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    layers = make_layers(work, num_layers, device, generator)
+    sm_scale = KEY_DIM**-0.5
+    ref = reference_slice(reference, layers[0], sm_scale) if reference else None
+    record = {
+        "dtype": work.dtype_name, "batch": work.batch, "heads": work.heads, "seqlen": work.seqlen,
+        "layers": num_layers, "bytes": work.bytes, "flops": work.flops, "methods": {},
+    }  # fmt: skip
+    for name in methods:
+        entry = record["methods"][name] = {}
+        try:
+            us, out0 = time_method(BUILDERS[name](work, layers, sm_scale), num_layers, device, repeats)
+        except Unavailable as why:
+            entry["status"] = str(why)
+            continue
+        except Exception as error:  # a failing method must not hide the others' figures
+            entry["status"] = f"failed: {type(error).__name__}: {error}".splitlines()[0][:300]
+            continue
+        finally:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        entry.update(status="ok", us=us, gbps=work.bytes / us / 1e3, tflops=work.flops / us / 1e6)
+        if ref is not None:
+            entry["rel_err"] = relative_error(out0, *ref)
+            entry["check"] = "pass" if entry["rel_err"] <= TOLERANCE[work.dtype_name] else "FAIL"
+        del out0
+    mine = record["methods"].get("mla_ext", {})
+    record["speedup"] = {
+        name: entry["us"] / mine["us"]
+        for name, entry in record["methods"].items()
+        if name != "mla_ext" and entry.get("status") == "ok" and mine.get("status") == "ok"
+    }
+    return record
+
+
+def flop_unit(device_type):
+    """(label, factor from TFLOP/s): a CPU reads better in GFLOP/s."""
+    return ("TFLOP/s", 1.0) if device_type == "cuda" else ("GFLOP/s", 1e3)
+
+
+def progress_line(index, total, record, ceilings, device_type):
+    unit, scale = flop_unit(device_type)
+    work = f"{record['dtype']} B={record['batch']} H={record['heads']} S={record['seqlen']} L={record['layers']}"
+    parts = []
+    for name, entry in record["methods"].items():
+        if entry.get("status") != "ok":
+            parts.append(f"{name}: {entry['status']}")
+            continue
+        gbps, flops = bench_utils.format_rate(entry["gbps"]), bench_utils.format_rate(entry["tflops"] * scale)
+        text = f"{name} {entry['us']:.1f} us {gbps} GB/s {flops} {unit}"
+        if name == "mla_ext" and ceilings:
+            text += f" ({100 * entry['gbps'] / ceilings['copy_gbps']:.0f}% copy)"
+        if name in record["speedup"]:
+            text += f" [mla_ext {record['speedup'][name]:.2f}x]"
+        if "check" in entry:
+            text += f" err {entry['rel_err']:.1e} {entry['check']}"
+        parts.append(text)
+    return f"[{index}/{total}] {work}: " + " | ".join(parts)
+
+
+def markdown(meta, ceilings, records, peers, device_type):
+    unit, scale = flop_unit(device_type)
+    lines = [f"# mla_ext decode benchmark ({meta['device']})", ""]
+    lines.append(f"{meta['date']}; torch {meta['torch']}; mla_ext {meta['mla_ext']}; timing: {meta['timing']}.")
+    if "threads" in meta:
+        lines.append(f"{meta['threads']} threads; load average {meta['load_average']:.1f} when the run started.")
+    if ceilings:
+        lines.append(
+            f"Ceilings measured in this run: copy {ceilings['copy_gbps']:.0f} GB/s (read + write), "
+            f"bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s."
+        )
+    missing = {
+        name: entry["status"]
+        for r in records
+        for name, entry in r["methods"].items()
+        if entry.get("status") != "ok" and name != "mla_ext"
+    }
+    shown = [p for p in peers if any(r["methods"].get(p, {}).get("status") == "ok" for r in records)]
+    for name in peers:
+        if name not in shown and name in missing:
+            lines.append(f"{PEER_LABELS[name]}: {missing[name]}.")
+    lines.append("Speedup = peer time / mla_ext time (above 1: mla_ext is faster). err = max|out - ref| / max|ref|.")
+    lines.append("")
+    header = ["dtype", "B", "H", "S", "L", "mla_ext us", "GB/s", unit]
+    if ceilings:
+        header += ["% copy BW", "byte floor us"]
+    for name in shown:
+        header += [f"{PEER_LABELS[name]} us", f"x {PEER_LABELS[name]}"]
+    header += ["err", "check"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in records:
+        mine = r["methods"]["mla_ext"]
+        row = [r["dtype"], r["batch"], r["heads"], r["seqlen"], r["layers"]]
+        if mine.get("status") == "ok":
+            row += [
+                f"{mine['us']:.1f}",
+                bench_utils.format_rate(mine["gbps"]),
+                bench_utils.format_rate(mine["tflops"] * scale),
+            ]
+        else:
+            row += [mine.get("status", "?"), "", ""]
+        if ceilings:
+            pct = f"{100 * mine['gbps'] / ceilings['copy_gbps']:.0f}%" if mine.get("status") == "ok" else ""
+            row += [pct, f"{r['bytes'] / ceilings['copy_gbps'] / 1e3:.1f}"]
+        for name in shown:
+            entry = r["methods"].get(name, {})
+            if entry.get("status") == "ok":
+                ratio = r["speedup"].get(name)
+                row += [f"{entry['us']:.1f}", f"{ratio:.2f}" if ratio else ""]
+            else:
+                row += [entry.get("status", ""), ""]
+        row += [f"{mine['rel_err']:.1e}" if "rel_err" in mine else "", mine.get("check", "not checked")]
+        lines.append("| " + " | ".join(str(v) for v in row) + " |")
+    lines.append("")
+    for name in shown:
+        for dtype_name in dict.fromkeys(r["dtype"] for r in records):
+            ratios = [r["speedup"][name] for r in records if name in r["speedup"] and r["dtype"] == dtype_name]
+            if not ratios:
+                continue
+            geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(
+                f"{dtype_name}: mla_ext vs {PEER_LABELS[name]}: {geomean:.2f}x geometric mean over {len(ratios)} "
+                f"configs ({min(ratios):.2f}x to {max(ratios):.2f}x)."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(path, dtype_name, records, ceilings, device_type):
+    """Achieved GB/s and FLOP/s of mla_ext vs S, one line per (B, H), ceilings as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit, flop_scale = flop_unit(device_type)
+    fig, (ax_bw, ax_fl) = plt.subplots(1, 2, figsize=(14, 5.5))
+    rows = [r for r in records if r["dtype"] == dtype_name and r["methods"]["mla_ext"].get("status") == "ok"]
+    batches = sorted({r["batch"] for r in rows})
+    colors = plt.get_cmap("viridis")(torch.linspace(0, 0.9, max(1, len(batches))).tolist())
+    styles = ["-", "--", ":", "-."]
+    for h_index, heads in enumerate(sorted({r["heads"] for r in rows})):
+        for b_index, batch in enumerate(batches):
+            line = sorted((r for r in rows if r["heads"] == heads and r["batch"] == batch), key=lambda r: r["seqlen"])
+            if not line:
+                continue
+            seqlens = [r["seqlen"] for r in line]
+            style = dict(color=colors[b_index], linestyle=styles[h_index % len(styles)], marker="o")
+            label = f"B={batch} H={heads}"
+            ax_bw.plot(seqlens, [r["methods"]["mla_ext"]["gbps"] for r in line], label=label, **style)
+            flops = [r["methods"]["mla_ext"]["tflops"] * flop_scale for r in line]
+            ax_fl.plot(seqlens, flops, label=label, **style)
+    if ceilings:
+        mm = ceilings["matmul_tflops"] * flop_scale
+        for ax, value, text in ((ax_bw, ceilings["copy_gbps"], "device copy"), (ax_fl, mm, "bf16 matmul")):
+            ax.axhline(value, color="red", linestyle=":")
+            ax.annotate(f"{text} {value:.0f}", (0.01, value), xycoords=("axes fraction", "data"), color="red",
+                        va="bottom")  # fmt: skip
+    all_seqlens = sorted({r["seqlen"] for r in rows})
+    for ax, label in ((ax_bw, "GB/s"), (ax_fl, unit)):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(all_seqlens, [str(s) for s in all_seqlens])
+        ax.set_xlabel("sequence length S")
+        ax.set_ylabel(f"achieved {label}")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room for the ceiling labels
+        ax.grid(True, alpha=0.3)
+    ax_bw.set_title(f"mla_ext decode bandwidth ({dtype_name}, {device_type})")
+    ax_fl.set_title(f"mla_ext decode throughput ({dtype_name}, {device_type})")
+    fig.legend(*ax_bw.get_legend_handles_labels(), loc="center right", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_metadata(device):
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:], "python": platform.python_version(), "torch": torch.__version__,
+        "mla_ext": _version_of("mla_ext"), "build": getattr(mla_ext, "BUILD_INFO", None), "git": _git_commit(),
+    }  # fmt: skip
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(device=props.name, sm_count=props.multi_processor_count, cuda=torch.version.cuda)
+        meta["timing"] = "CUDA graph over L layers, median of replays / L, after ~100 ms warm-up"
+    else:
+        # Other processes on the cores skew wall-clock figures: the load average says how busy the machine was.
+        meta.update(device=_cpu_name(), threads=torch.get_num_threads(), load_average=os.getloadavg()[0])
+        meta["timing"] = "wall clock over L layers, median of runs / L"
+    for module in ("flash_mla", "flashinfer"):
+        if importlib.util.find_spec(module) is not None:
+            meta[module] = _version_of(module)
+    return meta
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return f"CPU {platform.processor() or platform.machine()}"
+
+
+def _git_commit():
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def _version_of(module):
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return getattr(importlib.import_module(module), "__version__", "unknown version")
+    except Exception as error:  # an installed but broken peer is still worth naming
+        return f"import fails: {type(error).__name__}"
+
+
+def import_project():
+    global mla_ext, bench_utils
+    import mla_ext
+    import mla_ext.bench_utils as bench_utils
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("CUDA is not available here; use --device cpu for the CPU kernel.")
+    import_project()
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    reference = load_reference()
+    if reference is None:
+        print("correctness check skipped: tests/reference.py not found next to scripts/", flush=True)
+    meta = run_metadata(device)
+    print(f"mla_ext {meta['mla_ext']} on {meta['device']}, torch {meta['torch']}", flush=True)
+
+    ceilings = None
+    if device.type == "cuda":
+        ceilings = measure_ceilings(device)
+        print(
+            f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
+            flush=True,
+        )
+    peers = [p for p in args.peers if device.type == "cuda" or p == "eager"]  # FlashMLA/FlashInfer are CUDA-only
+    methods = ["mla_ext", *peers]
+    work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]
+    records = []
+    for index, work in enumerate(work_list, 1):
+        record = bench_config(work, device, methods, reference, args.repeats, seed=index)
+        records.append(record)
+        print(progress_line(index, len(work_list), record, ceilings, device.type), flush=True)
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"bench_{device.type}"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "ceilings": ceilings, "results": records}, indent=1))
+    table = markdown(meta, ceilings, records, peers, device.type)
+    stem.with_suffix(".md").write_text(table)
+    print("\n" + table)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)")
+    else:
+        for dtype_name in args.dtypes:
+            path = args.out_dir / f"bench_{device.type}_{dtype_name}.png"
+            plot(path, dtype_name, records, ceilings, device.type)
+            written.append(path)
+    print("wrote " + ", ".join(str(p) for p in written))
+
+    mine = [r["methods"]["mla_ext"] for r in records]
+    bad = [m for m in mine if m.get("status") != "ok" or m.get("check") == "FAIL"]
+    if bad:
+        print(f"{len(bad)} of {len(mine)} configs failed or mismatched the reference")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

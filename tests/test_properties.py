@@ -1,0 +1,215 @@
+"""Serving properties: bitwise determinism, batch invariance, split invariance, large caches, and the handling of
+values that cannot be checked without a host sync (clamped by default, rejected in strict mode)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from axes import DTYPE_IDS
+from checks import OUT_RTOL, assert_matches_reference, relative_error
+from make_inputs import make_problem
+from reference import decode_reference
+
+import mla_ext
+
+
+def long_problem(gen, device, dtype, page_size=16):
+    return make_problem(
+        gen,
+        device=device,
+        dtype=dtype,
+        lens=[1000, 0, 333, 17, 640],
+        num_heads=32,
+        seqlen_q=2,
+        causal=True,
+        page_size=page_size,
+        dense_slack=5,
+    )
+
+
+@pytest.mark.parametrize("kv_len_per_split", [None, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
+def test_bitwise_deterministic(dtype, kv_len_per_split, device, gen):
+    problem = long_problem(gen, device, dtype)
+    kwargs = problem.kwargs(kv_len_per_split=kv_len_per_split)
+    first_out, first_lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+    for _ in range(3):
+        out, lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+        assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "paged"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
+def test_batch_invariant(dtype, page_size, device, gen):
+    """With a fixed kv_len_per_split, each sequence's result alone equals its result inside the batch, bit for bit."""
+    problem = long_problem(gen, device, dtype, page_size)
+    kwargs = dict(kv_len_per_split=128, causal=True)
+    batch_out, batch_lse = mla_ext.decode(
+        *problem.args(), return_lse=True, block_table=problem.block_table, seq_lens=problem.seq_lens, **kwargs
+    )
+    for b in range(problem.q.shape[0]):
+        one = slice(b, b + 1)
+        kv, k_pe = (problem.kv, problem.k_pe) if page_size else (problem.kv[one], problem.k_pe[one])
+        out, lse = mla_ext.decode(
+            problem.q[one],
+            problem.q_pe[one],
+            kv,
+            k_pe,
+            return_lse=True,
+            **kwargs,
+            block_table=None if problem.block_table is None else problem.block_table[one],
+            seq_lens=None if problem.seq_lens is None else problem.seq_lens[one],
+        )
+        assert torch.equal(out, batch_out[one]), f"sequence {b} alone differs from sequence {b} in the batch"
+        assert torch.equal(lse, batch_lse[one])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=DTYPE_IDS.get)
+def test_split_invariant(dtype, device, gen):
+    """Any kv_len_per_split gives the reference's answer; in fp32 the splits agree to fp32 rounding."""
+    problem = long_problem(gen, device, dtype)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    results = {}
+    for kv_len_per_split in [16, 48, 128, 1024, 4096, None]:
+        out, lse = mla_ext.decode(*problem.args(), return_lse=True, **problem.kwargs(kv_len_per_split=kv_len_per_split))
+        assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"kv_len_per_split={kv_len_per_split}")
+        results[kv_len_per_split] = out
+    if dtype == torch.float32:
+        for split, out in results.items():
+            err = relative_error(out, results[16])
+            assert err <= OUT_RTOL[dtype], f"split {split} vs 16: {err:.3g}"
+
+
+def test_offsets_beyond_int32(device, gen):
+    """Pages past element 2**31 of a fp16 cache (4.3 GB, mostly never touched) are addressed correctly."""
+    page_size, num_pages = 64, 58_300  # num_pages * page_size * 576 > 2**31
+    assert num_pages * page_size * 576 > 2**31
+    cache = torch.empty(num_pages, page_size, 576, dtype=torch.float16, device=device)
+    pages = torch.tensor([[num_pages - 1, 1, num_pages - 7], [num_pages - 3, num_pages - 2, 0]], dtype=torch.int32)
+    for page in pages.flatten().tolist():
+        cache[page] = torch.randn(page_size, 576, generator=gen).half().to(device)
+    problem = make_problem(gen, device=device, dtype=torch.float16, lens=[1, 1], num_heads=16)
+    problem.kv, problem.k_pe = cache[..., :512], cache[..., 512:]
+    problem.block_table = pages.to(device)
+    problem.seq_lens = torch.tensor([150, 192], dtype=torch.int32, device=device)
+    out, lse = mla_ext.decode(*problem.args(), return_lse=True, **problem.kwargs(kv_len_per_split=64))
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float16)
+
+
+def invalid_values_problem(gen, device, page_size):
+    """Sequences 0 and 2 fill their capacity; then seq_lens[0] is set above capacity, seq_lens[1] negative and
+    (paged) block_table[2, 1] out of range. Unchecked, these mean: clamp to capacity, no key, page invisible."""
+    lens = [64, 30, 64, 10]
+    problem = make_problem(
+        gen,
+        device=device,
+        dtype=torch.float32,
+        lens=lens,
+        num_heads=8,
+        page_size=page_size,
+        spare_slots=0,
+        dense_seq_lens=True,
+    )
+    problem.seq_lens[0] = 100_000
+    problem.seq_lens[1] = -7
+    if page_size:
+        problem.block_table[2, 1] = problem.kv.shape[0] + 100
+    return problem
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "paged"])
+def test_invalid_values_are_clamped_by_default(page_size, device, gen):
+    problem = invalid_values_problem(gen, device, page_size)
+    out, lse = mla_ext.decode(*problem.args(), return_lse=True, **problem.kwargs(kv_len_per_split=32))
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float32)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("seq_lens-negative", r"seq_lens.*\b2\b"),
+        ("seq_lens-over-capacity", r"seq_lens.*\b2\b"),
+        ("block_table-out-of-range", r"block_table.*\b1\b.*\b1\b"),
+        ("block_table-negative", r"block_table.*\b1\b.*\b1\b"),
+    ],
+)
+def test_strict_mode_names_the_first_bad_entry(bad, message, device, gen):
+    """Sequences 2 and 3 (or table entries [1, 1] and [2, 0]) are bad: the error names the first."""
+    problem = make_problem(gen, device=device, dtype=torch.bfloat16, lens=[40, 20, 33, 48], num_heads=4, page_size=16)
+    capacity = problem.block_table.shape[1] * 16
+    if bad == "seq_lens-negative":
+        problem.seq_lens[2:] = -5
+    elif bad == "seq_lens-over-capacity":
+        problem.seq_lens[2:] = capacity + 9
+    else:
+        problem.block_table[1, 1] = problem.kv.shape[0] + 7 if bad == "block_table-out-of-range" else -3
+        problem.block_table[2, 0] = -3
+    mla_ext.decode(*problem.args(), **problem.kwargs())  # off by default: no error
+    mla_ext.set_strict(True)
+    with pytest.raises(ValueError, match=message):
+        mla_ext.decode(*problem.args(), **problem.kwargs())
+    with pytest.raises(ValueError, match=message):
+        torch.ops.mla.decode(*problem.args(), **problem.kwargs())
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16], ids=["dense", "page1", "page16"])
+def test_strict_mode_accepts_valid_edge_values(page_size, device, gen):
+    """Lengths 0 and exactly capacity, and out-of-range table entries past the used pages, are valid."""
+    problem = make_problem(
+        gen,
+        device=device,
+        dtype=torch.float16,
+        lens=[48, 0, 47, 1],
+        num_heads=16,
+        page_size=page_size,
+        dense_seq_lens=True,
+        spare_slots=2,
+    )
+    if page_size:
+        problem.block_table[1, :] = -1  # a sequence with no key uses no page
+        problem.seq_lens[0] = problem.block_table.shape[1] * page_size  # capacity; its spare slots must be real
+        problem.block_table[0, -2:] = problem.block_table[2, 0]
+    expected = mla_ext.decode(*problem.args(), **problem.kwargs())
+    mla_ext.set_strict(True)
+    assert torch.equal(mla_ext.decode(*problem.args(), **problem.kwargs()), expected)
+
+
+STRICT_SCRIPT = textwrap.dedent(
+    """
+    import torch, mla_ext
+    q, q_pe = torch.randn(2, 4, 512), torch.randn(2, 4, 64)
+    kv, k_pe = torch.randn(2, 32, 512), torch.randn(2, 32, 64)
+    seq_lens = torch.tensor([5, -1], dtype=torch.int32)
+    try:
+        out = mla_ext.decode(q, q_pe, kv, k_pe, seq_lens=seq_lens)
+    except ValueError as error:
+        print("raised", "seq_lens" in str(error))
+    else:
+        print("finite", bool(torch.isfinite(out).all()))
+    """
+)
+
+
+@pytest.mark.parametrize("env_value, expected", [("1", "raised True"), (None, "finite True")], ids=["set", "unset"])
+def test_strict_mode_from_environment(env_value, expected):
+    """MLA_EXT_STRICT=1 at import turns strict mode on; without it a bad seq_lens is clamped."""
+    env = {k: v for k, v in os.environ.items() if k != "MLA_EXT_STRICT"}
+    if env_value is not None:
+        env["MLA_EXT_STRICT"] = env_value
+    result = subprocess.run(
+        [sys.executable, "-c", STRICT_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(mla_ext.__file__)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == expected
