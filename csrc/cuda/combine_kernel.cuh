@@ -1,0 +1,148 @@
+// Merging partial attentions: the split-KV combine (many splits of one row -> out, lse) and merge_states (two
+// partials over disjoint key sets). Both weight each part by exp(lse_part - max) and never read the values of a
+// part whose lse is -inf (an empty split writes only its lse), so 0 * garbage never happens.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../params.h"
+#include "decode_work.cuh"
+#include "device_primitives.cuh"
+
+namespace mla::cuda {
+
+constexpr int kCombineColumns = 128;                        // output columns per unit: 32 lanes x float4
+constexpr int kCombineChunks = kHeadDim / kCombineColumns;  // units per query row
+constexpr int kCombineMaxWarps = 16;                        // warps per CTA
+constexpr int kCombineBatch = 8;                            // splits whose loads a warp keeps in flight at once
+
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, float a, float b, float c, float d) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(dst) = make_float4(a, b, c, d);
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(a, b), pack2<T>(c, d));
+  }
+}
+
+// A unit is (query row of the batch, 128-column chunk). blockDim = (32, G, U): U units per CTA, G warps per unit;
+// warp g of a unit sums splits g, g + G, ... in batches of kCombineBatch independent loads, and the G partial sums
+// are added in warp order, so the result is deterministic. The launcher picks G from the split count (few splits:
+// one warp per unit, many: up to 16 warps) so small batches still spread over the GPU.
+template <typename T>
+__global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  __shared__ float4 part_acc[kCombineMaxWarps][32];
+  __shared__ float part_sum[kCombineMaxWarps];
+  __shared__ float part_max[kCombineMaxWarps];
+
+  const int lane = threadIdx.x;
+  const int group = threadIdx.y;
+  const int groups = blockDim.y;
+  const int warp_slot = threadIdx.z * groups + group;
+  const int rows = p.seqlen_q * p.num_heads;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
+  const bool active = unit < static_cast<int64_t>(p.batch) * rows * kCombineChunks;  // the last CTA may overhang
+  const int64_t row_global = active ? unit / kCombineChunks : 0;                     // b * rows + r
+  const int chunk = static_cast<int>(unit % kCombineChunks);
+  const int num_splits = p.num_splits;
+  const float* lse_row = p.lse_partial + row_global * num_splits;
+
+  float m = kNegInf;
+  if (active) {
+    for (int s = group * 32 + lane; s < num_splits; s += groups * 32) m = fmaxf(m, lse_row[s]);
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (groups > 1) {
+    if (lane == 0) part_max[warp_slot] = m;
+    __syncthreads();
+    m = part_max[warp_slot - group];
+    for (int g = 1; g < groups; ++g) m = fmaxf(m, part_max[warp_slot - group + g]);
+  }
+
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float weight_sum = 0.f;
+  if (active && m != kNegInf) {
+    const float* values = p.out_partial + row_global * num_splits * kHeadDim + chunk * kCombineColumns + lane * 4;
+    for (int s0 = group; s0 < num_splits; s0 += groups * kCombineBatch) {
+      float l[kCombineBatch];
+      float4 v[kCombineBatch];
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {  // all loads first: independent, so they overlap
+        const int s = s0 + i * groups;
+        l[i] = kNegInf;
+        v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < num_splits) {
+          l[i] = lse_row[s];
+          v[i] = *reinterpret_cast<const float4*>(values + static_cast<int64_t>(s) * kHeadDim);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {
+        // An empty split's values were never written: select them away rather than multiply them by 0.
+        const bool used = l[i] != kNegInf;
+        const float wt = used ? expf(l[i] - m) : 0.f;
+        acc.x += used ? wt * v[i].x : 0.f;
+        acc.y += used ? wt * v[i].y : 0.f;
+        acc.z += used ? wt * v[i].z : 0.f;
+        acc.w += used ? wt * v[i].w : 0.f;
+        weight_sum += wt;
+      }
+    }
+  }
+  if (groups > 1) {
+    part_acc[warp_slot][lane] = acc;
+    if (lane == 0) part_sum[warp_slot] = weight_sum;
+    __syncthreads();
+    if (group != 0) return;
+    for (int g = 1; g < groups; ++g) {
+      const float4 v = part_acc[warp_slot + g][lane];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+      weight_sum += part_sum[warp_slot + g];
+    }
+  }
+  if (!active) return;
+  const int batch_index = static_cast<int>(row_global / rows);
+  const int row = static_cast<int>(row_global - static_cast<int64_t>(batch_index) * rows);
+  const bool seen = weight_sum > 0.f;
+  const float inv = seen ? 1.f / weight_sum : 0.f;
+  T* out = static_cast<T*>(p.out) + out_row_offset(p, batch_index, row) + chunk * kCombineColumns + lane * 4;
+  store4<T>(out, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (chunk == 0 && lane == 0) {
+    p.lse[lse_row_offset(p, batch_index, row)] = seen ? m + logf(weight_sum) : kNegInf;
+  }
+}
+
+// One warp per row; lanes stride over the row's columns.
+template <typename T>
+__global__ void __launch_bounds__(128) merge_states_kernel(const __grid_constant__ MergeStatesParams p) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const int lane = threadIdx.x & 31;
+  const float lse_a = p.lse_a[row];
+  const float lse_b = p.lse_b[row];
+  const float m = fmaxf(lse_a, lse_b);
+  const bool any = m != kNegInf;
+  const float wa = (any && lse_a != kNegInf) ? expf(lse_a - m) : 0.f;
+  const float wb = (any && lse_b != kNegInf) ? expf(lse_b - m) : 0.f;
+  const float inv = any ? 1.f / (wa + wb) : 0.f;
+  const T* a = static_cast<const T*>(p.out_a) + row * p.dim;
+  const T* b = static_cast<const T*>(p.out_b) + row * p.dim;
+  T* out = static_cast<T*>(p.out) + row * p.dim;
+  for (int c = lane; c < p.dim; c += 32) {
+    float v = 0.f;
+    if (wa > 0.f) v += wa * to_float(a[c]);
+    if (wb > 0.f) v += wb * to_float(b[c]);
+    out[c] = from_float<T>(v * inv);
+  }
+  if (lane == 0) p.lse[row] = any ? m + logf(wa + wb) : kNegInf;
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,107 @@
+// What one CTA of the decode kernels works on, and the per-row facts every kernel variant needs: which sequence,
+// query rows and KV split it owns, how many keys it must load, and where each row's results go.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../params.h"
+
+namespace mla::cuda {
+
+// Grid order: row blocks fastest, then splits, then sequences, so the row blocks sharing one KV split run side by
+// side and hit the same lines in L2. A 1-D grid keeps every count (splits can pass 65535) within launch limits.
+struct CtaWork {
+  int batch_index;
+  int rows;       // S_q * H: query rows of the sequence
+  int row_begin;  // first row of this CTA's row block
+  int split;      // split index in [0, num_splits)
+  int seq_len;    // seq_lens[b] clamped to [0, capacity]
+  int key_begin;  // first key of the split
+  int key_end;    // one past the last key any row of this block can see (>= key_begin)
+  int num_tiles;  // ceil((key_end - key_begin) / key_tile)
+};
+
+__device__ __forceinline__ int row_key_limit(const DecodeParams& p, int seq_len, int row) {
+  // Bottom-right causal alignment: token t sees keys j < seq_len - S_q + 1 + t (may be <= 0: no key).
+  if (!p.causal) return seq_len;
+  const int token = row / p.num_heads;
+  return seq_len - (p.seqlen_q - 1 - token);
+}
+
+template <int kRowTile, int kKeyTile>
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
+  CtaWork w;
+  w.rows = p.seqlen_q * p.num_heads;
+  const int row_blocks = (w.rows + kRowTile - 1) / kRowTile;
+  int index = static_cast<int>(blockIdx.x);
+  w.row_begin = (index % row_blocks) * kRowTile;
+  index /= row_blocks;
+  w.split = index % p.num_splits;
+  w.batch_index = index / p.num_splits;
+
+  int len = p.capacity;
+  if (p.seq_lens != nullptr) len = p.seq_lens[static_cast<int64_t>(w.batch_index) * p.seq_lens_stride];
+  w.seq_len = min(max(len, 0), p.capacity);
+
+  // 64-bit: split * kv_len_per_split + kv_len_per_split can pass 2^31 for huge user splits.
+  const int64_t begin = static_cast<int64_t>(w.split) * p.kv_len_per_split;
+  int64_t end = min(begin + p.kv_len_per_split, static_cast<int64_t>(w.seq_len));
+  const int last_row = min(w.row_begin + kRowTile, w.rows) - 1;
+  end = min(end, static_cast<int64_t>(row_key_limit(p, w.seq_len, last_row)));  // later tokens see the most keys
+  w.key_begin = static_cast<int>(min(begin, static_cast<int64_t>(p.capacity)));
+  w.key_end = static_cast<int>(max(end, static_cast<int64_t>(w.key_begin)));
+  w.num_tiles = (w.key_end - w.key_begin + kKeyTile - 1) / kKeyTile;
+  return w;
+}
+
+// Where a key of the sequence lives: page index into kv/k_pe and row inside the page; page < 0 means invisible
+// (outside the split or seq_len, or a block_table entry outside [0, num_pages)): never read, zero-filled, masked.
+struct KeySlot {
+  int page;
+  int offset;
+};
+
+// A key's page lookup in two halves: fetch_key issues the block_table read, resolve_key checks its value later.
+struct PendingKey {
+  int raw_page;  // block_table entry (dense: the sequence index)
+  int offset;    // row inside the page
+  bool in_range;
+};
+
+// key < 0 (a lane with no row) gives an out-of-range key.
+__device__ __forceinline__ PendingKey fetch_key(const DecodeParams& p, const CtaWork& w, int key) {
+  PendingKey k{-1, 0, key >= w.key_begin && key < w.key_end};
+  if (k.in_range) {
+    const int page_in_seq = key / p.page_size;  // key < capacity, so page_size >= 1 here
+    k.offset = key - page_in_seq * p.page_size;
+    k.raw_page = p.block_table == nullptr
+                     ? w.batch_index
+                     : p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+  }
+  return k;
+}
+
+__device__ __forceinline__ KeySlot resolve_key(const DecodeParams& p, const PendingKey& k) {
+  const bool valid = k.in_range && k.raw_page >= 0 && k.raw_page < p.num_pages;
+  return KeySlot{valid ? k.raw_page : -1, k.offset};
+}
+
+// Output addresses of query row `row` (r = t * H + h) of the CTA's sequence.
+__device__ __forceinline__ int64_t out_row_offset(const DecodeParams& p, int batch_index, int row) {
+  const int token = row / p.num_heads;
+  const int head = row - token * p.num_heads;
+  return batch_index * p.out_batch_stride + token * p.out_seq_stride + head * p.out_head_stride;
+}
+__device__ __forceinline__ int64_t lse_row_offset(const DecodeParams& p, int batch_index, int row) {
+  const int token = row / p.num_heads;
+  const int head = row - token * p.num_heads;
+  return batch_index * p.lse_batch_stride + token * p.lse_seq_stride + head * p.lse_head_stride;
+}
+// Split partials are contiguous: out_partial [B, rows, num_splits, D], lse_partial [B, rows, num_splits].
+__device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, const CtaWork& w, int row) {
+  return (static_cast<int64_t>(w.batch_index) * w.rows + row) * p.num_splits + w.split;
+}
+
+}  // namespace mla::cuda

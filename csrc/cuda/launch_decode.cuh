@@ -1,0 +1,214 @@
+// Definitions of the torch-free launchers declared in launch.h: pick a tile configuration for the problem and the
+// device, raise the kernel's shared-memory limit once per device, launch the main kernel and, for more than one
+// split, the combine kernel. Errors come back as std::runtime_error carrying the CUDA error string.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "../params.h"
+#include "combine_kernel.cuh"
+#include "decode_kernel_dim_split.cuh"
+#include "decode_kernel_key_split.cuh"
+#include "decode_kernel_simt.cuh"
+#include "launch.h"
+#include "tile_plan.h"
+
+namespace mla::cuda {
+
+// Tile configurations, tuned on an H200 (see docs/perf-notes.md). "Sm90" ones need Hopper's 227 KB of shared
+// memory; "Sm80" ones fit an A100 (163 KB); "Compact" ones fit the 99 KB of sm_86 / sm_89.
+template <typename T>
+struct TensorCoreConfigs {
+  //                                   row groups, keys, stages, sm90-only
+  using FewRowsSm90 = DimSplitTile<T, 1, 32, 2, false>;  // H * S_q <= 16; two CTAs per Hopper SM
+  using FewRowsDeep = DimSplitTile<T, 1, 32, 4, true>;   // at most one CTA per SM: 3 tiles in flight each
+  using FewRowsSm80 = DimSplitTile<T, 1, 32, 3, false>;
+  using FewRowsCompact = FewRowsSm90;
+  using MidRowsSm90 = DimSplitTile<T, 2, 32, 4, true>;  // H * S_q <= 32
+  using MidRowsSm80 = DimSplitTile<T, 2, 32, 2, false>;
+  //                                   rows, warp rows, warps along keys/columns, keys, stages, sm90-only
+  using ManyRowsSm90 = KeySplitTile<T, 64, 32, 4, 64, 2, true>;
+  using ManyRowsSm80 = KeySplitTile<T, 64, 32, 4, 32, 2, false>;
+  static_assert(FewRowsSm80::kSmemBytes <= 166912 && MidRowsSm80::kSmemBytes <= 166912 &&
+                    ManyRowsSm80::kSmemBytes <= 166912,
+                "sm_80 configs fit 163 KB");
+  static_assert(FewRowsCompact::kSmemBytes <= 101376, "compact config fits 99 KB");
+  static_assert(FewRowsDeep::kSmemBytes <= 232448 && MidRowsSm90::kSmemBytes <= 232448 &&
+                    ManyRowsSm90::kSmemBytes <= 232448,
+                "sm_90 configs fit 227 KB");
+};
+struct SimtConfigs {
+  using Sm90 = SimtTile<16, 4>;
+  using Sm80 = SimtTile<16, 3>;
+  using Compact = SimtTile<8, 3>;
+  static_assert(Sm80::kSmemBytes <= 166912 && Compact::kSmemBytes <= 101376, "fp32 configs fit their devices");
+};
+
+// The kernel that runs a configuration.
+template <class Cfg>
+struct KernelOf;
+template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
+struct KernelOf<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>> {
+  static constexpr auto kernel = decode_dim_split_kernel<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>>;
+};
+template <typename T, int kRowTile, int kWarpRows, int kWarpsN, int kKeyTile, int kStages, bool kSm90Only>
+struct KernelOf<KeySplitTile<T, kRowTile, kWarpRows, kWarpsN, kKeyTile, kStages, kSm90Only>> {
+  static constexpr auto kernel =
+      decode_key_split_kernel<KeySplitTile<T, kRowTile, kWarpRows, kWarpsN, kKeyTile, kStages, kSm90Only>>;
+};
+template <int kKeyTile, int kStages>
+struct KernelOf<SimtTile<kKeyTile, kStages>> {
+  static constexpr auto kernel = decode_simt_kernel<SimtTile<kKeyTile, kStages>>;
+};
+
+namespace detail {
+
+inline void throw_on_error(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+struct DeviceInfo {
+  int device;
+  int major;       // compute capability major
+  int smem_optin;  // largest dynamic shared memory a block may opt into
+  int sm_count;
+};
+
+// Read once per device: attribute queries are cheap but not free, and this runs on every call.
+inline DeviceInfo current_device_info() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices][3] = {};
+  int device = 0;
+  throw_on_error(cudaGetDevice(&device), "cudaGetDevice");
+  DeviceInfo info{device, 0, 0, 0};
+  if (device < kMaxDevices) {
+    info.major = cached[device][0].load(std::memory_order_relaxed);
+    info.smem_optin = cached[device][1].load(std::memory_order_relaxed);
+    info.sm_count = cached[device][2].load(std::memory_order_relaxed);
+  }
+  if (info.major == 0) {
+    throw_on_error(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device),
+                   "cudaDeviceGetAttribute(compute capability)");
+    throw_on_error(cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                   "cudaDeviceGetAttribute(max shared memory per block)");
+    throw_on_error(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device),
+                   "cudaDeviceGetAttribute(multiprocessor count)");
+    if (device < kMaxDevices) {
+      cached[device][2].store(info.sm_count, std::memory_order_relaxed);
+      cached[device][1].store(info.smem_optin, std::memory_order_relaxed);
+      cached[device][0].store(info.major, std::memory_order_relaxed);
+    }
+  }
+  return info;
+}
+
+template <class Cfg>
+bool fits(const DeviceInfo& d) {
+  return Cfg::kSmemBytes <= d.smem_optin && (!Cfg::kSm90Only || d.major == 9);
+}
+
+// cudaFuncSetAttribute once per (configuration, device); repeating it from racing threads is harmless.
+template <class Cfg, class Kernel>
+void ensure_shared_memory(Kernel kernel, int device) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
+  throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+                 "cudaFuncSetAttribute(max dynamic shared memory)");
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+template <typename T>
+void launch_combine(const DecodeParams& p, cudaStream_t stream) {
+  const int64_t units = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * kCombineChunks;
+  // Warps per unit: enough that each sums at most one batch of splits, up to 16; then units per CTA to reach 8 warps.
+  int groups = 1;
+  while (groups < kCombineMaxWarps && groups * kCombineBatch < p.num_splits) groups *= 2;
+  const int units_per_cta = groups >= 8 ? 1 : 8 / groups;
+  const int64_t ctas = (units + units_per_cta - 1) / units_per_cta;
+  if (ctas > INT_MAX) throw std::runtime_error("mla decode: too many query rows for one combine launch");
+  combine_splits_kernel<T><<<static_cast<unsigned>(ctas), dim3(32, groups, units_per_cta), 0, stream>>>(p);
+  throw_on_error(cudaGetLastError(), "mla decode split-combine kernel launch");
+}
+
+}  // namespace detail
+
+// Main kernel with configuration Cfg, then the combine when the problem has several splits.
+template <class Cfg>
+void launch_decode_with(const DecodeParams& p, cudaStream_t stream, int device) {
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  if (p.batch == 0 || rows == 0) return;
+  const int64_t row_blocks = (rows + Cfg::kRowTile - 1) / Cfg::kRowTile;
+  const int64_t ctas = row_blocks * p.num_splits * p.batch;
+  if (ctas > INT_MAX) throw std::runtime_error("mla decode: grid too large (batch x splits x row blocks)");
+  constexpr auto kernel = KernelOf<Cfg>::kernel;
+  detail::ensure_shared_memory<Cfg>(kernel, device);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  detail::throw_on_error(cudaGetLastError(), "mla decode main kernel launch");
+  if (p.num_splits > 1) detail::launch_combine<typename Cfg::Element>(p, stream);
+}
+
+// Launches the first configuration that fits the device; false when none does.
+template <class Cfg, class... Fallbacks>
+bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const detail::DeviceInfo& d) {
+  if (detail::fits<Cfg>(d)) {
+    launch_decode_with<Cfg>(p, stream, d.device);
+    return true;
+  }
+  if constexpr (sizeof...(Fallbacks) > 0) {
+    return launch_first_fitting<Fallbacks...>(p, stream, d);
+  } else {
+    return false;
+  }
+}
+
+template <DType dtype>
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  using T = typename ElementOf<dtype>::type;
+  const detail::DeviceInfo d = detail::current_device_info();
+  bool launched = false;
+  if constexpr (dtype == DType::kFloat32) {
+    launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
+  } else {
+    using C = TensorCoreConfigs<T>;
+    // The compact fallback (16-row blocks for every head count) serves devices with 99 KB of shared memory.
+    const int row_tile = row_tile_for(p.seqlen_q * p.num_heads, dtype);
+    if (row_tile == kLargeRowTile) {
+      launched = launch_first_fitting<typename C::ManyRowsSm90, typename C::ManyRowsSm80, typename C::FewRowsCompact>(
+          p, stream, d);
+    } else if (row_tile == kMidRowTile) {
+      launched = launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80, typename C::FewRowsCompact>(
+          p, stream, d);
+    } else if (d.major == 9 && static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count) {
+      // A grid that leaves SMs free gains more from deeper prefetch than from a second CTA per SM.
+      launched = launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80, typename C::FewRowsCompact>(
+          p, stream, d);
+    } else if (d.major == 9) {
+      launched = launch_first_fitting<typename C::FewRowsSm90, typename C::FewRowsCompact>(p, stream, d);
+    } else {
+      launched = launch_first_fitting<typename C::FewRowsSm80, typename C::FewRowsCompact>(p, stream, d);
+    }
+  }
+  if (!launched) {
+    throw std::runtime_error("mla decode: the device allows " + std::to_string(d.smem_optin) +
+                             " bytes of shared memory per block; the smallest kernel configuration needs more");
+  }
+}
+
+template <DType dtype>
+void launch_merge_states(const MergeStatesParams& p, cudaStream_t stream) {
+  using T = typename ElementOf<dtype>::type;
+  if (p.rows == 0) return;
+  const int64_t ctas = (p.rows + 3) / 4;
+  if (ctas > INT_MAX) throw std::runtime_error("mla merge_states: too many rows for one launch");
+  merge_states_kernel<T><<<static_cast<unsigned>(ctas), 128, 0, stream>>>(p);
+  detail::throw_on_error(cudaGetLastError(), "mla merge_states kernel launch");
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,71 @@
+// Default split size for the CUDA decode: pick kv_len_per_split from shapes and the SM count only (never from
+// seq_lens, so the choice is the same at CUDA-graph capture and replay).
+//
+// Cost model, in units of "one SM streaming one key": a CTA costs its keys plus a fixed overhead (query load,
+// pipeline fill, launch latency); CTAs run in waves of one per SM; more than one split adds the combine pass over
+// the fp32 partials (written and read once, spread over all SMs) plus a second launch. The candidate with the
+// lowest cost wins; ties go to fewer splits. Small batches therefore spread one sequence over the whole GPU, large
+// ones keep one split per sequence once a wave is full, and wave quantisation is weighed against split overhead.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "launch.h"
+#include "tile_plan.h"
+
+namespace mla::cuda {
+namespace {
+
+constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16
+constexpr double kCtaOverheadKeys = 64.0;
+constexpr double kCombineLaunchKeys = 32.0;
+
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype) {
+  if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
+  const int row_tile = row_tile_for(rows_per_seq, dtype);
+  const int64_t slots =
+      static_cast<int64_t>(std::max(num_sms, 1)) * (dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile));
+  const int64_t row_blocks = ceil_div(rows_per_seq, row_tile);
+  const int64_t base_ctas = static_cast<int64_t>(batch) * row_blocks;
+  const double element_bytes = dtype == DType::kFloat32 ? 4.0 : 2.0;
+  const double key_bytes = (kHeadDim + kRopeDim) * element_bytes;
+  const double overhead = kCtaOverheadKeys + row_tile;  // the query block weighs about one key per row
+  // Partial rows are fp32 [D], written by the main kernel and read by the combine. With few rows the combine has
+  // few independent units of work (row x 128 columns) and streams the partials well below bandwidth, so they
+  // weigh more (up to 4x, measured on H200).
+  const double combine_units = static_cast<double>(batch) * rows_per_seq * 4.0;
+  const double partial_weight = std::clamp(2.0 * static_cast<double>(num_sms) / combine_units, 1.0, 4.0);
+  const double partial_keys_per_split = partial_weight * static_cast<double>(batch) * rows_per_seq * kHeadDim * 4.0 *
+                                        2.0 / key_bytes / static_cast<double>(slots);
+
+  const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, kSplitAlign), 8 * slots);
+  double best_cost = std::numeric_limits<double>::infinity();
+  int64_t best_len = round_up(capacity, kSplitAlign);
+  int64_t last_len = -1;
+  for (int64_t want = 1; want <= max_splits; ++want) {
+    const int64_t len = round_up(ceil_div(capacity, want), kSplitAlign);
+    if (len == last_len) continue;
+    last_len = len;
+    const int64_t splits = ceil_div(capacity, len);
+    const int64_t waves = ceil_div(base_ctas * splits, slots);
+    double cost = static_cast<double>(waves) * (static_cast<double>(len) + overhead);
+    if (splits > 1) cost += kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_len = len;
+    }
+  }
+  const int64_t limit = std::numeric_limits<int>::max() / 2 / kSplitAlign * kSplitAlign;
+  return static_cast<int>(std::min(best_len, limit));
+}
+
+}  // namespace mla::cuda

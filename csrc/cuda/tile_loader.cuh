@@ -1,0 +1,148 @@
+// Global -> shared copies of the query block and of KV tiles (cp.async, 16 bytes per request), shared by every
+// decode kernel variant. A tile row holds one key's [kv (512) | k_pe (64)] (or one query row's [q | q_pe]),
+// 16-byte chunks XOR-swizzled by (row % 8) so the 8 rows an ldmatrix / vector load touches hit distinct banks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../params.h"
+#include "decode_work.cuh"
+#include "device_primitives.cuh"
+
+namespace mla::cuda {
+
+template <typename T>
+struct RowLayout {
+  static constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kKvChunks = kHeadDim / kElemsPerChunk;  // chunks of the latent part
+  static constexpr int kPeChunks = kRopeDim / kElemsPerChunk;  // chunks of the rotary part
+  static constexpr int kChunks = kKvChunks + kPeChunks;        // a multiple of 8: the swizzle stays in the row
+  static constexpr int kBytes = kChunks * 16;
+  static_assert(kChunks % 8 == 0, "row swizzle needs whole groups of 8 chunks");
+
+  __device__ static __forceinline__ uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>(row * kBytes + ((chunk ^ (row & 7)) << 4));
+  }
+};
+
+// Query rows [row_begin, row_begin + kRowTile) of the CTA's sequence; rows past S_q * H are zero-filled.
+template <typename T, int kRowTile, int kThreads>
+__device__ __forceinline__ void load_query_block(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
+  using L = RowLayout<T>;
+  const T* q = static_cast<const T*>(p.q);
+  const T* q_pe = static_cast<const T*>(p.q_pe);
+  const uint32_t base = smem_u32(q_smem);
+  for (int idx = threadIdx.x; idx < kRowTile * L::kChunks; idx += kThreads) {
+    const int row = idx / L::kChunks;
+    const int chunk = idx - row * L::kChunks;
+    const int r = w.row_begin + row;
+    const T* src = q;
+    int bytes = 0;
+    if (r < w.rows) {
+      const int token = r / p.num_heads;
+      const int head = r - token * p.num_heads;
+      if (chunk < L::kKvChunks) {
+        src = q + (w.batch_index * p.q_batch_stride + token * p.q_seq_stride + head * p.q_head_stride) +
+              chunk * L::kElemsPerChunk;
+      } else {
+        src = q_pe + (w.batch_index * p.q_pe_batch_stride + token * p.q_pe_seq_stride + head * p.q_pe_head_stride) +
+              (chunk - L::kKvChunks) * L::kElemsPerChunk;
+      }
+      bytes = 16;
+    }
+    cp_async_16(base + L::offset(row, chunk), src, bytes);
+  }
+}
+
+// Copies KV tiles. Warp w owns rows w, w + kWarps, ... of a tile; lane i of the warp resolves the page of its
+// row i (one block_table read and one division per key, issued a pipeline step early so the read's latency hides
+// behind a tile of math) and broadcasts the row's offsets when the warp copies that row: 32 lanes x 16 bytes of
+// one row per instruction, coalesced, with no per-chunk index arithmetic. Invisible keys are zero-filled without
+// a global read, so NaN in unused slots never enters, and their `valid` byte is 0 for the masks.
+template <typename T, int kKeyTile, int kThreads>
+struct KvTileCopier {
+  using L = RowLayout<T>;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowsPerWarp = kKeyTile / kWarps;
+  static_assert(kKeyTile % kWarps == 0 && kRowsPerWarp <= 32, "rows of a tile split evenly over warps");
+  static_assert(L::kPeChunks <= 32, "one rotary chunk per lane");
+
+  __device__ static __forceinline__ PendingKey fetch(const DecodeParams& p, const CtaWork& w, int tile_begin) {
+    const int lane = threadIdx.x & 31;
+    const int row = static_cast<int>(threadIdx.x >> 5) + kWarps * lane;
+    return fetch_key(p, w, lane < kRowsPerWarp ? tile_begin + row : -1);
+  }
+
+  __device__ static __forceinline__ void issue(const DecodeParams& p, const PendingKey& key, uint8_t* kv_smem,
+                                               uint8_t* valid) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const KeySlot slot = resolve_key(p, key);
+    const bool ok = slot.page >= 0;
+    const int64_t kv_off = ok ? slot.page * p.kv_page_stride + slot.offset * p.kv_row_stride : 0;
+    const int64_t pe_off = ok ? slot.page * p.k_pe_page_stride + slot.offset * p.k_pe_row_stride : 0;
+    if (lane < kRowsPerWarp) valid[warp + kWarps * lane] = ok ? 1 : 0;
+    const T* kv = static_cast<const T*>(p.kv) + lane * L::kElemsPerChunk;
+    const T* k_pe = static_cast<const T*>(p.k_pe) + lane * L::kElemsPerChunk;
+    const uint32_t base = smem_u32(kv_smem);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int row = warp + kWarps * i;
+      const int64_t row_kv = __shfl_sync(0xffffffffu, kv_off, i);
+      const int64_t row_pe = __shfl_sync(0xffffffffu, pe_off, i);
+      const int bytes = __shfl_sync(0xffffffffu, ok ? 16 : 0, i);
+#pragma unroll
+      for (int c = 0; c < L::kKvChunks; c += 32) {
+        cp_async_16(base + L::offset(row, c + lane), kv + row_kv + c * L::kElemsPerChunk, bytes);
+      }
+      if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe + row_pe, bytes);
+    }
+  }
+};
+
+// The cp.async pipeline over a CTA's KV tiles: kStages shared-memory stages, each with a `valid` byte per key.
+// The page lookups of tile t + 1 are in flight while tile t is issued; the query block rides in the first commit
+// group with tile 0. A stage and its valid bytes are rewritten only after the barrier that ends their last use.
+template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads>
+struct KvPipeline {
+  using Copier = KvTileCopier<T, kKeyTile, kThreads>;
+  static constexpr int kStageBytes = kKeyTile * RowLayout<T>::kBytes;
+  static constexpr int kValidBytes = (kStages * kKeyTile + 15) / 16 * 16;  // shared memory for the valid bytes
+
+  uint8_t* kv_smem;  // [kStages][kKeyTile][576] of T, swizzled rows
+  uint8_t* valid;    // [kStages][kKeyTile]: 1 where the key was loaded (visible for load purposes)
+  PendingKey pending;
+
+  __device__ __forceinline__ void start(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
+    if (w.num_tiles == 0) return;
+    load_query_block<T, kRowTile, kThreads>(p, w, q_smem);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < w.num_tiles) {
+        Copier::issue(p, Copier::fetch(p, w, w.key_begin + s * kKeyTile), kv_smem + s * kStageBytes,
+                      valid + s * kKeyTile);
+      }
+      cp_async_commit();
+    }
+    if (kStages - 1 < w.num_tiles) pending = Copier::fetch(p, w, w.key_begin + (kStages - 1) * kKeyTile);
+  }
+
+  // Makes tile `tile` visible to every thread and queues tile + kStages - 1 into the stage freed by tile - 1.
+  __device__ __forceinline__ void advance(const DecodeParams& p, const CtaWork& w, int tile) {
+    const int next = tile + kStages - 1;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (next < w.num_tiles) {
+      Copier::issue(p, pending, kv_smem + (next % kStages) * kStageBytes, valid + (next % kStages) * kKeyTile);
+      if (next + 1 < w.num_tiles) pending = Copier::fetch(p, w, w.key_begin + (next + 1) * kKeyTile);
+    }
+    cp_async_commit();
+  }
+
+  __device__ __forceinline__ const uint8_t* stage(int tile) const { return kv_smem + (tile % kStages) * kStageBytes; }
+  __device__ __forceinline__ const uint8_t* key_valid(int tile) const { return valid + (tile % kStages) * kKeyTile; }
+};
+
+}  // namespace mla::cuda

@@ -1,0 +1,23 @@
+// Row tiles the CUDA launcher uses, shared with the split planner (split_plan.cpp), which sizes the grid from them.
+// Plain C++: compiled by both nvcc and the host compiler.
+#pragma once
+
+#include "../params.h"
+
+namespace mla::cuda {
+
+constexpr int kSmallRowTile = 16;  // few query rows per sequence (H * S_q <= 16): memory-bound, one row group
+constexpr int kMidRowTile = 32;    // two 16-row groups sharing each KV tile
+constexpr int kLargeRowTile = 64;  // many rows (e.g. H = 128): more math per KV tile, 8 warps
+
+inline int row_tile_for(int rows_per_seq, DType dtype) {
+  if (dtype == DType::kFloat32 || rows_per_seq <= kSmallRowTile) return kSmallRowTile;
+  return rows_per_seq <= kMidRowTile ? kMidRowTile : kLargeRowTile;
+}
+
+// CTAs of that row tile resident per SM on the GPUs the defaults are tuned for (H100 / H200).
+inline int ctas_per_sm_for(int row_tile) {
+  return row_tile == kSmallRowTile ? 2 : 1;
+}
+
+}  // namespace mla::cuda
