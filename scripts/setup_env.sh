@@ -13,8 +13,9 @@ if ((${#missing[@]})); then
 fi
 
 # Rebuild only when a source is newer than the built library (or there is none).
-library=$(ls mla_ext/_C*.so 2>/dev/null | head -n 1)
-if [[ -z "$library" || -n "$(find csrc setup.py -newer "$library" -type f | head -n 1)" ]]; then
+libraries=(mla_ext/_C*.so)
+library="${libraries[0]}"
+if [[ ! -e "$library" || -n "$(find csrc setup.py -newer "$library" -type f)" ]]; then
   echo "setup: building mla_ext (MAX_JOBS=${MAX_JOBS:=$(nproc)})"
   export MAX_JOBS
   "$PYTHON" -m pip install --quiet --no-build-isolation --no-deps -e .
