@@ -1,18 +1,26 @@
 """Builds mla_ext._C ahead of time: the mla operator library (CPU always, CUDA when torch and nvcc allow).
 
+    pip install --no-build-isolation -e .                      # develop in place
+    pip wheel --no-build-isolation --no-deps . -w dist         # a wheel for this torch and every CPython it supports
+
 Environment knobs:
   MLA_EXT_CUDA=0            build the CPU kernel only, even where CUDA is available
   MLA_EXT_FORCE_CUDA=1      fail instead of falling back to a CPU-only build
   MLA_EXT_CUDA_ARCHS        ';'-separated compute capabilities, '+PTX' embeds PTX too (default "8.0+PTX;9.0a")
   MLA_EXT_NVCC_THREADS      nvcc --threads per compile job (default 4)
+  MLA_EXT_GIT_REVISION      revision to record in build_info when building outside a git checkout
   MAX_JOBS                  parallel compile jobs (torch's ninja builder)
   CUDA_HOME / CUDA_PATH     the CUDA toolkit root (found from nvcc when unset)
+
+The library holds only TORCH_LIBRARY registrations and no Python module, so it is built against the stable ABI
+(py_limited_api): one wheel per torch version serves every CPython that torch supports.
 """
 
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -53,16 +61,24 @@ def find_cuda_home():
     return None
 
 
+def normalize_cuda_archs(spec):
+    """'8.0+PTX, 9.0a' -> '8.0+PTX;9.0a'; raises on an entry that is not like '8.0', '9.0a' or '8.0+PTX'."""
+    entries = [e.strip() for e in spec.replace(",", ";").split(";") if e.strip()]
+    for entry in entries:
+        if not re.fullmatch(r"\d+\.\d+a?(\+PTX)?", entry):
+            raise ValueError(f"MLA_EXT_CUDA_ARCHS entry {entry!r} is not like '8.0', '9.0a' or '8.0+PTX'")
+    if not entries:
+        raise ValueError("MLA_EXT_CUDA_ARCHS is empty; give at least one compute capability, e.g. '9.0a'")
+    return ";".join(entries)
+
+
 def cuda_gencode_flags(spec):
     """'8.0+PTX;9.0a' -> -gencode flags: SASS for each arch, PTX where '+PTX' is given."""
     flags = []
-    for entry in filter(None, (e.strip() for e in spec.replace(",", ";").split(";"))):
-        match = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", entry)
-        if not match:
-            raise ValueError(f"MLA_EXT_CUDA_ARCHS entry {entry!r} is not like '8.0', '9.0a' or '8.0+PTX'")
-        arch = f"{match.group(1)}{match.group(2)}{match.group(3)}"
+    for entry in normalize_cuda_archs(spec).split(";"):
+        arch = entry.removesuffix("+PTX").replace(".", "")
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-        if match.group(4):
+        if entry.endswith("+PTX"):
             flags.append(f"-gencode=arch=compute_{arch},code=compute_{arch}")
     return flags
 
@@ -73,11 +89,13 @@ if _cuda_home:
     os.environ["CUDA_HOME"] = _cuda_home
 
 import torch  # noqa: E402
+import torch.utils.cpp_extension as cpp_extension  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 CPU_SOURCES = [
     "csrc/ops.cpp",
     "csrc/decode_args.cpp",
+    "csrc/build_checks.cpp",
     "csrc/cpu/ops_cpu.cpp",
     "csrc/cpu/decode_cpu.cpp",
 ]
@@ -90,6 +108,12 @@ CUDA_SOURCES = [
 ]
 
 
+def limited_api_tag():
+    """The wheel's stable-ABI tag, matching the Py_LIMITED_API value torch compiles the extension with."""
+    minimum = int(getattr(cpp_extension, "min_supported_cpython", "0x03090000"), 16)
+    return f"cp{minimum >> 24}{(minimum >> 16) & 0xFF}"
+
+
 def want_cuda():
     if os.environ.get("MLA_EXT_CUDA", "1") == "0":
         return False, "MLA_EXT_CUDA=0"
@@ -100,25 +124,72 @@ def want_cuda():
     return True, ""
 
 
-def build_info(with_cuda, archs):
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda if with_cuda else None,
-        "cuda_archs": archs if with_cuda else None,
-    }
+def nvcc_version():
+    """'13.0' from the toolkit's nvcc, or None when it cannot be asked."""
+    try:
+        text = subprocess.run([str(Path(_cuda_home) / "bin" / "nvcc"), "--version"], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+\.\d+)", text)
+    return match.group(1) if match else None
+
+
+def compiler_version(compiler):
+    try:
+        lines = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return lines.splitlines()[0] if lines else None
+
+
+def git_revision():
+    """HEAD of the source checkout ('+dirty' when tracked files differ), else MLA_EXT_GIT_REVISION, else None."""
+    if os.environ.get("MLA_EXT_GIT_REVISION"):
+        return os.environ["MLA_EXT_GIT_REVISION"]
+    if not (ROOT / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def make_extension():
+    """The extension and the build facts recorded next to it (mla_ext/_build_info.py)."""
     with_cuda, reason = want_cuda()
     if not with_cuda:
         if os.environ.get("MLA_EXT_FORCE_CUDA") == "1":
             raise RuntimeError(f"MLA_EXT_FORCE_CUDA=1 but the CUDA build is off: {reason}")
         print(f"mla_ext: building the CPU kernel only ({reason})")
     cxx = ["-O3", "-fopenmp"]
+    info = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda": None,
+        "cuda_archs": None,
+        "cpu_only_reason": None if with_cuda else reason,
+        "cxx11_abi": torch.compiled_with_cxx11_abi(),
+        "compiler": compiler_version(os.environ.get("CXX", "c++")),
+        "py_limited_api": limited_api_tag(),
+        "git_revision": git_revision(),
+    }
     if not with_cuda:
-        return CppExtension("mla_ext._C", CPU_SOURCES, extra_compile_args={"cxx": cxx},
-                            extra_link_args=["-fopenmp"]), build_info(False, None)
-    archs = os.environ.get("MLA_EXT_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+        # The compiled-arch list is empty, so the CUDA stubs say the build is CPU only.
+        cxx.append('-DMLA_EXT_CUDA_ARCHS=""')
+        info.update(cxx_flags=cxx, nvcc_flags=[])
+        ext = CppExtension("mla_ext._C", CPU_SOURCES, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"],
+                           py_limited_api=True)
+        return ext, info
+    archs = normalize_cuda_archs(os.environ.get("MLA_EXT_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
+    # The CUDA glue compares the device against this list, so a missing arch is named rather than reported as
+    # "no kernel image is available".
+    cxx += ["-DMLA_EXT_WITH_CUDA", f'-DMLA_EXT_CUDA_ARCHS="{archs}"']
     nvcc = [
         "-O3",
         "--expt-relaxed-constexpr",
@@ -131,22 +202,28 @@ def make_extension():
         "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         *cuda_gencode_flags(archs),
     ]
+    info.update(cuda=nvcc_version(), cuda_archs=archs, cxx_flags=cxx, nvcc_flags=nvcc)
     ext = CUDAExtension(
         "mla_ext._C",
         CPU_SOURCES + CUDA_SOURCES,
-        extra_compile_args={"cxx": cxx + ["-DMLA_EXT_WITH_CUDA"], "nvcc": nvcc},
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         extra_link_args=["-fopenmp"],
+        py_limited_api=True,
     )
-    return ext, build_info(True, archs)
+    return ext, info
 
 
 class BuildWithInfo(BuildExtension):
-    """Records what the extension was built against, so a load failure can say so (mla_ext/_build_info.py)."""
+    """Writes mla_ext/_build_info.py beside the built library (in the source tree for in-place builds, in the
+    wheel's staging folder otherwise), so the package can say what it was built against."""
 
     def run(self):
-        info_path = ROOT / "mla_ext" / "_build_info.py"
-        info_path.write_text("# Written by setup.py at build time.\nBUILD_INFO = " + repr(BUILD_INFO) + "\n")
         super().run()
+        info = dict(BUILD_INFO, version=self.distribution.get_version(), python=sys.version.split()[0])
+        info_path = Path(self.get_ext_fullpath("mla_ext._C")).parent / "_build_info.py"
+        info_path.parent.mkdir(parents=True, exist_ok=True)
+        info_path.write_text("# Written by setup.py at build time; read through mla_ext.build_info.\n"
+                             f"BUILD_INFO = {info!r}\n")
 
 
 EXTENSION, BUILD_INFO = make_extension()
@@ -154,4 +231,6 @@ EXTENSION, BUILD_INFO = make_extension()
 setup(
     ext_modules=[EXTENSION],
     cmdclass={"build_ext": BuildWithInfo},
+    package_data={"mla_ext": ["py.typed"]},
+    options={"bdist_wheel": {"py_limited_api": limited_api_tag()}},
 )

@@ -2,12 +2,14 @@
 
 Importing this package loads the compiled operator library, which registers ``torch.ops.mla.decode``,
 ``decode_with_lse``, ``decode_out`` and ``merge_states`` for CPU (and CUDA when built with it).
+``mla_ext.build_info`` says what that library was built against (torch, CUDA, archs, flags, git revision).
 """
 
-from ._loader import load_operator_library
+from ._loader import BuildInfo, load_operator_library
 
-BUILD_INFO = load_operator_library()
+build_info: BuildInfo = load_operator_library()
+__version__: str = build_info.version or "unknown"
 
 from .ops import decode, is_strict, merge_states, set_strict  # noqa: E402
 
-__all__ = ["BUILD_INFO", "decode", "is_strict", "merge_states", "set_strict"]
+__all__ = ["BuildInfo", "build_info", "decode", "is_strict", "merge_states", "set_strict"]

@@ -206,7 +206,7 @@ def main(argv=None):
         latent, k_pe = project_latent(weights64, x, positions)
         for seq in range(batch):
             token = (latent[seq : seq + 1], k_pe[seq : seq + 1])
-            history[seq] = tuple(torch.cat([past, new]) for past, new in zip(history[seq], token))
+            history[seq] = tuple(torch.cat([past, new]) for past, new in zip(history[seq], token, strict=True))
             cache.append(seq, *token)
 
         y, decode = attention_absorbed(weights, cache, x.to(device, torch.float32), positions.to(device), dtype)

@@ -1,6 +1,5 @@
 """Typed Python wrappers over torch.ops.mla.*, their fake (meta) kernels, and the inference-only autograd error."""
 
-from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -14,15 +13,15 @@ def decode(
     kv: Tensor,
     k_pe: Tensor,
     *,
-    sm_scale: Optional[float] = None,
-    kv_len_per_split: Optional[int] = None,
-    block_table: Optional[Tensor] = None,
-    seq_lens: Optional[Tensor] = None,
+    sm_scale: float | None = None,
+    kv_len_per_split: int | None = None,
+    block_table: Tensor | None = None,
+    seq_lens: Tensor | None = None,
     causal: bool = False,
     return_lse: bool = False,
-    out: Optional[Tensor] = None,
-    lse: Optional[Tensor] = None,
-) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    out: Tensor | None = None,
+    lse: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Absorbed MLA decode attention with split-KV (the attention step of DeepSeek-V2/V3/R1 and Kimi-K2).
 
     For each sequence b, query token t and head h, over the visible keys j::

@@ -528,7 +528,7 @@ def run_metadata(device):
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv[1:], "python": platform.python_version(), "torch": torch.__version__,
-        "mla_ext": _version_of("mla_ext"), "build": getattr(mla_ext, "BUILD_INFO", None), "git": _git_commit(),
+        "mla_ext": _version_of("mla_ext"), "build": mla_ext.build_info.as_dict(), "git": _git_commit(),
     }  # fmt: skip
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -124,7 +124,7 @@ def make_paged_cache(gen, lens, page_size, dtype, device, cache_layout="separate
     for page in spare:
         _poison(kv, k_pe, page)
     table = []
-    for length, count in zip(lens, used):
+    for length, count in zip(lens, used, strict=True):
         pages = [page_ids.pop(0) for _ in range(count)]
         if count and length % page_size:
             _poison(kv, k_pe, (pages[-1], slice(length % page_size, None)))

@@ -8,7 +8,9 @@
 #include <array>
 #include <atomic>
 #include <stdexcept>
+#include <string>
 
+#include "../build_checks.h"
 #include "../decode_ops.h"
 #include "launch.h"
 
@@ -38,8 +40,33 @@ int current_device_sm_count() {
   return count;
 }
 
+// Refuses a device whose architecture this build has no kernels for, naming the compiled list and the rebuild
+// command (CUDA itself would only say "no kernel image is available"). Checked once per device.
+void check_device_arch() {
+  static std::array<std::atomic<bool>, 64> supported{};
+  const int device = c10::cuda::current_device();
+  std::atomic<bool>& known_supported = supported.at(static_cast<size_t>(device));
+  if (known_supported.load(std::memory_order_relaxed)) {
+    return;
+  }
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (!cuda_archs_run_on(compiled_cuda_archs(), major, minor)) {
+    cudaDeviceProp properties{};
+    C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+    const std::string name = "cuda:" + std::to_string(device) + " (" + properties.name + ")";
+    TORCH_CHECK(false, cuda_arch_error(compiled_cuda_archs(), major, minor, name));
+  }
+  known_supported.store(true, std::memory_order_relaxed);
+}
+
 struct CudaBackend {
-  using Guard = c10::cuda::CUDAGuard;
+  // Every op enters through the guard: it selects the inputs' device and checks its architecture.
+  struct Guard {
+    explicit Guard(at::Device device) : device_guard(device) { check_device_arch(); }
+    c10::cuda::CUDAGuard device_guard;
+  };
 
   static void check_strict_allowed() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
