@@ -28,12 +28,11 @@ void check_rows(const at::Tensor& t, const char* name) {
               " must be contiguous in its last dim, got strides ", t.strides());
   const int64_t elt = t.element_size();
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "mla.decode: ", name,
-              " must start at a 16-byte aligned address (its storage offset is ", t.storage_offset(),
-              " elements)");
+              " must start at a 16-byte aligned address (its storage offset is ", t.storage_offset(), " elements)");
   for (int64_t d = 0; d < last; ++d) {
     TORCH_CHECK(t.size(d) <= 1 || (t.stride(d) * elt) % 16 == 0, "mla.decode: ", name,
-                " rows must be 16-byte aligned: stride ", t.stride(d), " of dim ", d, " is ",
-                t.stride(d) * elt, " bytes, not a multiple of 16 (strides ", t.strides(), ")");
+                " rows must be 16-byte aligned: stride ", t.stride(d), " of dim ", d, " is ", t.stride(d) * elt,
+                " bytes, not a multiple of 16 (strides ", t.strides(), ")");
   }
 }
 
@@ -42,8 +41,7 @@ void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* nam
               "; all tensors must be on one device");
 }
 
-void check_index_tensor(const at::Tensor& t, const at::Tensor& q, const char* name, int64_t rank,
-                        const char* shape) {
+void check_index_tensor(const at::Tensor& t, const at::Tensor& q, const char* name, int64_t rank, const char* shape) {
   TORCH_CHECK(t.scalar_type() == at::kInt, "mla.decode: ", name, " must be int32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == rank, "mla.decode: ", name, " must be ", shape, ", got shape ", shape_str(t));
   check_same_device(t, q, name);
@@ -70,15 +68,13 @@ DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     case at::kFloat: return DType::kFloat32;
-    default:
-      TORCH_CHECK(false, op, ": ", name, " must be float16, bfloat16 or float32, got ", t.scalar_type());
+    default: TORCH_CHECK(false, op, ": ", name, " must be float16, bfloat16 or float32, got ", t.scalar_type());
   }
 }
 
 DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv,
                                 const at::Tensor& k_pe, std::optional<double> sm_scale,
-                                std::optional<int64_t> kv_len_per_split,
-                                const std::optional<at::Tensor>& block_table,
+                                std::optional<int64_t> kv_len_per_split, const std::optional<at::Tensor>& block_table,
                                 const std::optional<at::Tensor>& seq_lens, bool causal) {
   // Ranks and head dims first: they say what the caller meant.
   TORCH_CHECK(q.dim() == 3 || q.dim() == 4, "mla.decode: q must be [B, H, D] or [B, S_q, H, D], got shape ",
@@ -113,8 +109,8 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
   expected_q_pe.back() = kRopeDim;
   TORCH_CHECK(q_pe.sizes().vec() == expected_q_pe, "mla.decode: q_pe must have shape ", at::IntArrayRef(expected_q_pe),
               " to match q ", shape_str(q), ", got ", shape_str(q_pe));
-  TORCH_CHECK(kv.size(0) == k_pe.size(0) && kv.size(1) == k_pe.size(1), "mla.decode: kv ", shape_str(kv),
-              " and k_pe ", shape_str(k_pe), " must agree in their first two dims");
+  TORCH_CHECK(kv.size(0) == k_pe.size(0) && kv.size(1) == k_pe.size(1), "mla.decode: kv ", shape_str(kv), " and k_pe ",
+              shape_str(k_pe), " must agree in their first two dims");
   for (auto [t, name] : {std::pair{&q, "q"}, {&q_pe, "q_pe"}, {&kv, "kv"}, {&k_pe, "k_pe"}}) {
     check_rows(*t, name);
   }
@@ -147,8 +143,8 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
 
   if (seq_lens.has_value()) {
     check_index_tensor(*seq_lens, q, "seq_lens", 1, "[B]");
-    TORCH_CHECK(seq_lens->size(0) == batch, "mla.decode: seq_lens has ", seq_lens->size(0),
-                " entries but q has batch ", batch);
+    TORCH_CHECK(seq_lens->size(0) == batch, "mla.decode: seq_lens has ", seq_lens->size(0), " entries but q has batch ",
+                batch);
     p.seq_lens = seq_lens->data_ptr<int32_t>();
     p.seq_lens_stride = seq_lens->stride(0);
   } else {
@@ -201,18 +197,17 @@ std::vector<int64_t> lse_shape(const at::Tensor& q) {
 }
 
 void check_decode_outputs(const at::Tensor& q, const at::Tensor& out, const std::optional<at::Tensor>& lse) {
-  TORCH_CHECK(out.sizes().vec() == out_shape(q), "mla.decode_out: out must have shape ",
-              at::IntArrayRef(out_shape(q)), ", got ", shape_str(out));
-  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "mla.decode_out: out must have the dtype of q (",
-              q.scalar_type(), "), got ", out.scalar_type());
+  TORCH_CHECK(out.sizes().vec() == out_shape(q), "mla.decode_out: out must have shape ", at::IntArrayRef(out_shape(q)),
+              ", got ", shape_str(out));
+  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "mla.decode_out: out must have the dtype of q (", q.scalar_type(),
+              "), got ", out.scalar_type());
   TORCH_CHECK(out.device() == q.device(), "mla.decode_out: out is on ", out.device(), " but q is on ", q.device());
   check_rows(out, "out");
   if (lse.has_value()) {
     TORCH_CHECK(lse->sizes().vec() == lse_shape(q), "mla.decode_out: lse must have shape ",
                 at::IntArrayRef(lse_shape(q)), ", got ", shape_str(*lse));
     TORCH_CHECK(lse->scalar_type() == at::kFloat, "mla.decode_out: lse must be float32, got ", lse->scalar_type());
-    TORCH_CHECK(lse->device() == q.device(), "mla.decode_out: lse is on ", lse->device(), " but q is on ",
-                q.device());
+    TORCH_CHECK(lse->device() == q.device(), "mla.decode_out: lse is on ", lse->device(), " but q is on ", q.device());
   }
 }
 
@@ -237,9 +232,13 @@ void set_split(DecodeProblem& problem, int default_split) {
   p.num_splits = static_cast<int>(std::max<int64_t>(1, (p.capacity + split - 1) / split));
 }
 
-bool strict_mode() { return strict_flag().load(std::memory_order_relaxed); }
+bool strict_mode() {
+  return strict_flag().load(std::memory_order_relaxed);
+}
 
-void set_strict_mode(bool enabled) { strict_flag().store(enabled, std::memory_order_relaxed); }
+void set_strict_mode(bool enabled) {
+  strict_flag().store(enabled, std::memory_order_relaxed);
+}
 
 void check_index_values(const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens,
                         const DecodeParams& p) {
@@ -250,9 +249,8 @@ void check_index_values(const std::optional<at::Tensor>& block_table, const std:
   const int32_t* len = lens.data_ptr<int32_t>();
   for (int64_t b = 0; b < lens.size(0); ++b) {
     const int32_t n = len[b * lens.stride(0)];
-    TORCH_CHECK_VALUE(n >= 0 && n <= p.capacity, "mla.decode (strict): seq_lens[", b, "] = ", n,
-                      " is outside [0, ", p.capacity, "] (the cache holds ", p.max_pages, " pages of ", p.page_size,
-                      " keys per sequence)");
+    TORCH_CHECK_VALUE(n >= 0 && n <= p.capacity, "mla.decode (strict): seq_lens[", b, "] = ", n, " is outside [0, ",
+                      p.capacity, "] (the cache holds ", p.max_pages, " pages of ", p.page_size, " keys per sequence)");
   }
   if (!block_table.has_value()) {
     return;
@@ -272,8 +270,8 @@ void check_index_values(const std::optional<at::Tensor>& block_table, const std:
 int64_t check_merge_args(const at::Tensor& out_a, const at::Tensor& lse_a, const at::Tensor& out_b,
                          const at::Tensor& lse_b) {
   TORCH_CHECK(out_a.dim() >= 1, "mla.merge_states: out_a must have at least one dim, got shape ", shape_str(out_a));
-  TORCH_CHECK(out_b.sizes() == out_a.sizes(), "mla.merge_states: out_b must have the shape of out_a ",
-              shape_str(out_a), ", got ", shape_str(out_b));
+  TORCH_CHECK(out_b.sizes() == out_a.sizes(), "mla.merge_states: out_b must have the shape of out_a ", shape_str(out_a),
+              ", got ", shape_str(out_b));
   TORCH_CHECK(out_b.scalar_type() == out_a.scalar_type(), "mla.merge_states: out_b must have the dtype of out_a (",
               out_a.scalar_type(), "), got ", out_b.scalar_type());
   dtype_of(out_a, "mla.merge_states", "out_a");
@@ -282,12 +280,11 @@ int64_t check_merge_args(const at::Tensor& out_a, const at::Tensor& lse_a, const
   for (auto [t, name] : {std::pair{&lse_a, "lse_a"}, {&lse_b, "lse_b"}}) {
     TORCH_CHECK(t->sizes().vec() == expected_lse, "mla.merge_states: ", name, " must have shape ",
                 at::IntArrayRef(expected_lse), " (out_a without its last dim), got ", shape_str(*t));
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "mla.merge_states: ", name, " must be float32, got ",
-                t->scalar_type());
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "mla.merge_states: ", name, " must be float32, got ", t->scalar_type());
   }
   for (auto [t, name] : {std::pair{&lse_a, "lse_a"}, {&out_b, "out_b"}, {&lse_b, "lse_b"}}) {
-    TORCH_CHECK(t->device() == out_a.device(), "mla.merge_states: ", name, " is on ", t->device(),
-                " but out_a is on ", out_a.device());
+    TORCH_CHECK(t->device() == out_a.device(), "mla.merge_states: ", name, " is on ", t->device(), " but out_a is on ",
+                out_a.device());
   }
   return out_a.numel() / std::max<int64_t>(1, out_a.size(-1));
 }

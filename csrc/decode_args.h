@@ -15,14 +15,13 @@ namespace mla {
 struct DecodeProblem {
   DecodeParams params;
   DType dtype;
-  bool q_has_seq_dim;  // q was [B, S_q, H, D] (else [B, H, D])
+  bool q_has_seq_dim;                       // q was [B, S_q, H, D] (else [B, H, D])
   std::optional<int64_t> kv_len_per_split;  // the caller's choice, validated; nullopt = backend default
 };
 
 DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv,
                                 const at::Tensor& k_pe, std::optional<double> sm_scale,
-                                std::optional<int64_t> kv_len_per_split,
-                                const std::optional<at::Tensor>& block_table,
+                                std::optional<int64_t> kv_len_per_split, const std::optional<at::Tensor>& block_table,
                                 const std::optional<at::Tensor>& seq_lens, bool causal);
 
 // Shapes of the outputs for a checked call: out like q with last dim D, lse like q without the last dim.

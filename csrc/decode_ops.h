@@ -84,8 +84,7 @@ void decode_out(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& k
   DecodeProblem problem =
       check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
   check_decode_outputs(q, out, lse);
-  const at::Tensor lse_out =
-      lse.has_value() ? *lse : at::empty(lse_shape(q), q.options().dtype(at::kFloat));
+  const at::Tensor lse_out = lse.has_value() ? *lse : at::empty(lse_shape(q), q.options().dtype(at::kFloat));
   run_decode<Backend>(problem, q, out, lse_out, block_table, seq_lens);
 }
 
@@ -99,8 +98,8 @@ std::tuple<at::Tensor, at::Tensor> merge_states(const at::Tensor& out_a, const a
   at::Tensor out = at::empty(out_a.sizes(), out_a.options());
   at::Tensor lse = at::empty(lse_a.sizes(), lse_a.options());
   if (rows > 0) {
-    MergeStatesParams params{a.data_ptr(),   la.data_ptr<float>(), b.data_ptr(), lb.data_ptr<float>(),
-                             out.data_ptr(), lse.data_ptr<float>(), rows,        static_cast<int>(out_a.size(-1))};
+    MergeStatesParams params{a.data_ptr(),   la.data_ptr<float>(),  b.data_ptr(), lb.data_ptr<float>(),
+                             out.data_ptr(), lse.data_ptr<float>(), rows,         static_cast<int>(out_a.size(-1))};
     Backend::merge_states(params, dtype_of(out_a, "mla.merge_states", "out_a"));
   }
   return {out, lse};

@@ -6,12 +6,16 @@
 
 namespace {
 
-#define MLA_DECODE_ARGS                                                                                   \
+#define MLA_DECODE_ARGS                                                                               \
   "Tensor q, Tensor q_pe, Tensor kv, Tensor k_pe, float? sm_scale=None, int? kv_len_per_split=None, " \
   "Tensor? block_table=None, Tensor? seq_lens=None, bool causal=False"
 
-bool is_strict() { return mla::strict_mode(); }
-void set_strict(bool enabled) { mla::set_strict_mode(enabled); }
+bool is_strict() {
+  return mla::strict_mode();
+}
+void set_strict(bool enabled) {
+  mla::set_strict_mode(enabled);
+}
 
 }  // namespace
 

@@ -23,4 +23,6 @@ struct CpuBackend {
 }  // namespace
 }  // namespace mla
 
-TORCH_LIBRARY_IMPL(mla, CPU, m) { mla::register_backend<mla::CpuBackend>(m); }
+TORCH_LIBRARY_IMPL(mla, CPU, m) {
+  mla::register_backend<mla::CpuBackend>(m);
+}

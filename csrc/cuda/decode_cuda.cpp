@@ -77,8 +77,8 @@ struct CudaBackend {
   }
 
   static int default_kv_len_per_split(const DecodeParams& p, DType dtype) {
-    return cuda::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity,
-                                          current_device_sm_count(), dtype);
+    return cuda::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, current_device_sm_count(),
+                                          dtype);
   }
 
   static void decode(const DecodeParams& p, DType dtype) {
@@ -107,4 +107,6 @@ struct CudaBackend {
 }  // namespace
 }  // namespace mla
 
-TORCH_LIBRARY_IMPL(mla, CUDA, m) { mla::register_backend<mla::CudaBackend>(m); }
+TORCH_LIBRARY_IMPL(mla, CUDA, m) {
+  mla::register_backend<mla::CudaBackend>(m);
+}
