@@ -12,7 +12,7 @@ import pytest
 import torch
 from axes import DTYPE_IDS
 from checks import OUT_RTOL, assert_matches_reference, relative_error
-from make_inputs import make_problem
+from make_inputs import empty_outputs_like, make_problem
 from reference import decode_reference
 
 import mla_ext
@@ -213,3 +213,29 @@ def test_strict_mode_from_environment(env_value, expected):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16], ids=["dense", "page1", "page16"])
+def test_hostile_values_are_clamped_or_invisible(page_size, device, gen):
+    """Without strict mode, lengths beyond the capacity clamp to it, negative ones to 0, and table entries outside
+    [0, P) inside the used pages hide their keys: exactly the reference's reading, never an out-of-bounds access."""
+    capacity = 48
+    problem = make_problem(
+        gen,
+        device=device,
+        dtype=torch.float32,
+        lens=[capacity] * 4,
+        num_heads=8,
+        page_size=page_size,
+        dense_seq_lens=True,
+        spare_slots=0,
+    )
+    int32_max = 2**31 - 1
+    problem.seq_lens.copy_(torch.tensor([int32_max, -7, capacity - 3, 1], dtype=torch.int32))
+    if page_size:
+        problem.block_table[2, 1] = -1  # a hole inside sequence 2's used pages
+        problem.block_table[3, 0] = int32_max  # sequence 3's only used page is out of range: no visible key
+    out, lse = empty_outputs_like(problem.q)
+    mla_ext.decode(*problem.args(), **problem.kwargs(kv_len_per_split=16), out=out, lse=lse)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float32, "hostile values")
