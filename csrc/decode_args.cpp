@@ -224,9 +224,8 @@ void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at
   p.lse_head_stride = lse.stride(-1);
 }
 
-void set_split(DecodeProblem& problem, int default_split) {
+void set_split(DecodeProblem& problem, int64_t split) {
   DecodeParams& p = problem.params;
-  const int64_t split = problem.kv_len_per_split.value_or(default_split);
   TORCH_CHECK(split > 0 && split % 16 == 0, "mla.decode: internal error: split ", split, " is not a multiple of 16");
   p.kv_len_per_split = static_cast<int>(split);
   p.num_splits = static_cast<int>(std::max<int64_t>(1, (p.capacity + split - 1) / split));

@@ -34,8 +34,8 @@ void check_decode_outputs(const at::Tensor& q, const at::Tensor& out, const std:
 // Points params at out/lse (given with q's rank) and records their strides.
 void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at::Tensor& lse);
 
-// Sets kv_len_per_split (the caller's or `default_split`) and num_splits = max(1, ceil(capacity / split)).
-void set_split(DecodeProblem& problem, int default_split);
+// Sets kv_len_per_split = split and num_splits = max(1, ceil(capacity / split)).
+void set_split(DecodeProblem& problem, int64_t split);
 
 // Strict mode validates values that need a host copy (seq_lens, block_table); off by default.
 bool strict_mode();

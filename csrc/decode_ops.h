@@ -35,7 +35,9 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
     lse.fill_(-std::numeric_limits<float>::infinity());
     return;
   }
-  set_split(problem, Backend::default_kv_len_per_split(p, problem.dtype));
+  // The caller's split, else the backend's choice (computed only when needed: it runs on every call).
+  set_split(problem,
+            problem.kv_len_per_split ? *problem.kv_len_per_split : Backend::default_kv_len_per_split(p, problem.dtype));
   at::Tensor out_partial, lse_partial;  // kept alive until the kernels are enqueued (stream-ordered allocator)
   if (p.num_splits > 1) {
     const auto options = q.options().dtype(at::kFloat);
