@@ -105,6 +105,8 @@ CUDA_SOURCES = [
     "csrc/cuda/instantiations/fp16.cu",
     "csrc/cuda/instantiations/bf16.cu",
     "csrc/cuda/instantiations/fp32.cu",
+    "csrc/cuda/sm90/instantiations/fp16.cu",
+    "csrc/cuda/sm90/instantiations/bf16.cu",
 ]
 
 

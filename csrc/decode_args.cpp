@@ -229,6 +229,30 @@ void set_split(DecodeProblem& problem, int64_t split) {
   TORCH_CHECK(split > 0 && split % 16 == 0, "mla.decode: internal error: split ", split, " is not a multiple of 16");
   p.kv_len_per_split = static_cast<int>(split);
   p.num_splits = static_cast<int>(std::max<int64_t>(1, (p.capacity + split - 1) / split));
+  p.balanced_target = 0;
+  p.balanced_split_cost = 0.f;
+  p.split_table = nullptr;
+}
+
+void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int align) {
+  DecodeParams& p = problem.params;
+  TORCH_CHECK(target > 0 && static_cast<int64_t>(target) + p.batch <= std::numeric_limits<int>::max() / 2 &&
+                  align > 0 && align % 16 == 0,
+              "mla.decode: internal error: balanced split target ", target, " align ", align, " for batch ", p.batch);
+  p.kv_len_per_split = align;  // the alignment of the split lengths each sequence gets on device
+  p.num_splits = target + p.batch;
+  p.balanced_target = target;
+  p.balanced_split_cost = split_cost;
+}
+
+int64_t split_table_entries(const DecodeParams& p) {
+  return p.balanced_target > 0 ? 2 * static_cast<int64_t>(p.batch) : 0;
+}
+
+int64_t partial_rows(const DecodeParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  if (p.balanced_target > 0) return static_cast<int64_t>(p.num_splits) * rows;
+  return p.num_splits > 1 ? static_cast<int64_t>(p.batch) * rows * p.num_splits : 0;
 }
 
 bool strict_mode() {

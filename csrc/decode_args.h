@@ -36,6 +36,13 @@ void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at
 
 // Sets kv_len_per_split = split and num_splits = max(1, ceil(capacity / split)).
 void set_split(DecodeProblem& problem, int64_t split);
+// Balanced splits sized on device from seq_lens (see DecodeParams): `target` chunks, `split_cost` per split, split
+// lengths multiples of `align` (a multiple of 16).
+void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int align);
+// Fp32 partial rows (of D values) the kernels need for the chosen split: 0 when they write the outputs directly.
+int64_t partial_rows(const DecodeParams& params);
+// int32 entries of the balanced-split table (DecodeParams::split_table): 2 per sequence, 0 for fixed splits.
+int64_t split_table_entries(const DecodeParams& params);
 
 // Strict mode validates values that need a host copy (seq_lens, block_table); off by default.
 bool strict_mode();

@@ -1,7 +1,8 @@
 // The op entry points, written once for every backend. A Backend supplies:
 //   Guard                                  device guard constructed from the inputs' device
 //   check_strict_allowed()                 raises where a host copy is not allowed (CUDA graph capture)
-//   default_kv_len_per_split(params, dtype)
+//   set_default_split(problem)             chooses the split when the caller gave none (set_split or
+//                                          set_balanced_split)
 //   decode(params, dtype)                  params fully bound: outputs, split, partials
 //   merge_states(params, dtype)
 #pragma once
@@ -36,14 +37,21 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
     return;
   }
   // The caller's split, else the backend's choice (computed only when needed: it runs on every call).
-  set_split(problem,
-            problem.kv_len_per_split ? *problem.kv_len_per_split : Backend::default_kv_len_per_split(p, problem.dtype));
-  at::Tensor out_partial, lse_partial;  // kept alive until the kernels are enqueued (stream-ordered allocator)
-  if (p.num_splits > 1) {
+  if (problem.kv_len_per_split) {
+    set_split(problem, *problem.kv_len_per_split);
+  } else {
+    Backend::set_default_split(problem);
+  }
+  // Kept alive until the kernels are enqueued (stream-ordered allocator).
+  at::Tensor out_partial, lse_partial, split_table;
+  if (const int64_t entries = split_table_entries(p); entries > 0) {
+    split_table = at::empty({entries}, q.options().dtype(at::kInt));
+    p.split_table = split_table.data_ptr<int32_t>();
+  }
+  if (const int64_t rows = partial_rows(p); rows > 0) {
     const auto options = q.options().dtype(at::kFloat);
-    const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-    out_partial = at::empty({p.batch, rows, p.num_splits, kHeadDim}, options);
-    lse_partial = at::empty({p.batch, rows, p.num_splits}, options);
+    out_partial = at::empty({rows, kHeadDim}, options);
+    lse_partial = at::empty({rows}, options);
     p.out_partial = out_partial.data_ptr<float>();
     p.lse_partial = lse_partial.data_ptr<float>();
   } else {

@@ -42,14 +42,26 @@ struct DecodeParams {
 
   // Split-KV: split s of a sequence covers keys [s * kv_len_per_split, (s + 1) * kv_len_per_split).
   int kv_len_per_split;  // positive multiple of 16
-  int num_splits;        // ceil(capacity / kv_len_per_split), at least 1
+  int num_splits;        // ceil(capacity / kv_len_per_split), at least 1; balanced splits: W (below)
+
+  // Balanced splits (CUDA, default split of a call with seq_lens; balanced_target = 0 means off). The kernels cut
+  // the batch's keys into about balanced_target equal chunks on device, from seq_lens, so a few long sequences
+  // among short ones still spread over every SM: sequence b gets n_b splits of its own length, numbered as work
+  // items first_b .. first_b + n_b - 1 (prefix sums over b). num_splits then holds W = balanced_target + B, an upper
+  // bound of the item count; the grid has W items per row block (spare ones do nothing), and kv_len_per_split
+  // holds the alignment of every split length (16, or the key tile of a kernel that needs whole tiles).
+  int balanced_target;        // items the batch's keys are spread over, about one wave of CTAs
+  float balanced_split_cost;  // weight of one more split against a longer one (combine traffic per split)
+  int32_t* split_table;       // [B, 2]: first work item and split count of each sequence, written by the main
+                              // kernel (split 0's CTAs) for the combine; allocated by the caller
 
   void* out;  // [B, S_q, H, D], dtype of q
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;  // [B, S_q, H], natural log; -inf for a row that sees no key
   int64_t lse_batch_stride, lse_seq_stride, lse_head_stride;
 
-  // Split partials, used only when num_splits > 1 (contiguous fp32, allocated by the caller).
+  // Split partials, used only when num_splits > 1 (contiguous fp32, allocated by the caller). Balanced splits
+  // index them by work item instead: out_partial [W, S_q * H, D], lse_partial [W, S_q * H].
   float* out_partial;  // [B, S_q * H, num_splits, D]
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
 };

@@ -2,6 +2,7 @@
 """Benchmark mla_ext.decode on the absorbed-MLA decode workload, next to every peer available in the same run.
 
     python3 scripts/bench.py [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
+    python3 scripts/bench.py --ragged [--device cuda|cpu] [--heads 16,128]   (scripts/bench_ragged.py)
 
 Workload: D=512, Dpe=64, one query token, every sequence full length S, one [B, S, 576] cache per layer (latent kv
 in the first 512 values, k_pe in the last 64, as serving frameworks store it) and one [B, H, 576] query.
@@ -61,8 +62,17 @@ LAYER_BUDGET = {"cuda": 1.5e9, "cpu": 128e6}
 MAX_LAYERS = {"cuda": 128, "cpu": 32}
 # Passing bound on max|out - ref| / max|ref| (fp32 allows TF32-rounded tensor-core inputs).
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}
-PEERS = ("eager", "flashmla", "flashinfer")
-PEER_LABELS = {"mla_ext": "mla_ext", "eager": "PyTorch eager", "flashmla": "FlashMLA", "flashinfer": "FlashInfer"}
+# "mla_ext_seq_lens" is mla_ext again, passed full-length seq_lens as serving engines do (on CUDA that sizes the
+# splits on the device, from the lengths); not a default peer.
+PEERS = ("eager", "flashmla", "flashinfer", "mla_ext_seq_lens")
+DEFAULT_PEERS = ("eager", "flashmla", "flashinfer")
+PEER_LABELS = {
+    "mla_ext": "mla_ext",
+    "eager": "PyTorch eager",
+    "flashmla": "FlashMLA",
+    "flashinfer": "FlashInfer",
+    "mla_ext_seq_lens": "mla_ext with seq_lens",
+}
 FLASH_PAGE_SIZE = 64  # FlashMLA's only page size; FlashInfer uses the same pages
 
 
@@ -78,10 +88,14 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=_int_list, help="override the grid's batch sizes, e.g. 1,16")
     parser.add_argument("--heads", type=_int_list, help="override the grid's head counts, e.g. 16,128")
     parser.add_argument("--seqlen", type=_int_list, help="override the grid's sequence lengths, e.g. 4096")
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to try (empty: none)")
+    parser.add_argument(
+        "--peers", default=",".join(DEFAULT_PEERS), help=f"comma list of {','.join(PEERS)} (empty: none)"
+    )
     parser.add_argument("--threads", type=int, help="CPU threads for both methods (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
+    parser.add_argument("--ragged", action="store_true", help="instead of the grid: ragged vs uniform batches of the "
+                        "same total tokens (scripts/bench_ragged.py)")  # fmt: skip
     args = parser.parse_args(argv)
     args.dtypes = DTYPE_NAMES if args.dtype == "all" else tuple(args.dtype.split(","))
     for name in args.dtypes:
@@ -199,6 +213,18 @@ def build_mla_ext(work, layers, sm_scale):
     return run
 
 
+def build_mla_ext_seq_lens(work, layers, sm_scale):
+    outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=layers[0].cache.device)
+
+    def run(i):
+        layer = layers[i]
+        mla_ext.decode(layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, seq_lens=seq_lens, out=outs[i])
+        return outs[i]
+
+    return run
+
+
 def build_eager(work, layers, sm_scale):
     def run(i):
         layer = layers[i]
@@ -278,7 +304,13 @@ def _require_flash_shapes(work):
         raise Unavailable(f"S must be a multiple of {FLASH_PAGE_SIZE}")
 
 
-BUILDERS = {"mla_ext": build_mla_ext, "eager": build_eager, "flashmla": build_flashmla, "flashinfer": build_flashinfer}
+BUILDERS = {
+    "mla_ext": build_mla_ext,
+    "eager": build_eager,
+    "flashmla": build_flashmla,
+    "flashinfer": build_flashinfer,
+    "mla_ext_seq_lens": build_mla_ext_seq_lens,
+}
 
 
 def time_method(run, num_layers, device, repeats):
@@ -594,6 +626,11 @@ def main(argv=None):
     meta = run_metadata(device)
     print(f"mla_ext {meta['mla_ext']} on {meta['device']}, torch {meta['torch']}", flush=True)
 
+    if args.ragged:
+        from bench_ragged import run_ragged  # next to this script
+
+        return run_ragged(args, device, time_method, reference, meta)
+
     ceilings = None
     if device.type == "cuda":
         ceilings = measure_ceilings(device)
@@ -601,7 +638,7 @@ def main(argv=None):
             f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
             flush=True,
         )
-    peers = [p for p in args.peers if device.type == "cuda" or p == "eager"]  # FlashMLA/FlashInfer are CUDA-only
+    peers = [p for p in args.peers if device.type == "cuda" or p in ("eager", "mla_ext_seq_lens")]  # CUDA-only peers
     methods = ["mla_ext", *peers]
     work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]
     records = []

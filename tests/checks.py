@@ -23,12 +23,14 @@ def relative_error(actual, expected):
     return diff / norm
 
 
-def assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what=""):
+def assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what="", tolerance_scale=1.0):
     """out/lse from the op against the float64 reference, sequence by sequence.
 
     Rows that see no key must be exactly out 0 / lse -inf; every other value must be finite and within tolerance.
-    `lse` may be None (ops that return only out), and so may `ref_lse` then.
+    `lse` may be None (ops that return only out), and so may `ref_lse` then. `tolerance_scale` widens both
+    tolerances, e.g. 2 when the "reference" is another rounded result (CUDA against the CPU kernel).
     """
+    out_rtol, lse_atol = OUT_RTOL[dtype] * tolerance_scale, LSE_ATOL[dtype] * tolerance_scale
     prefix = f"{what}: " if what else ""
     assert out.dtype == dtype, f"{prefix}out dtype {out.dtype}, expected {dtype}"
     assert tuple(out.shape) == tuple(ref_out.shape), f"{prefix}out shape {tuple(out.shape)} != {tuple(ref_out.shape)}"
@@ -39,7 +41,7 @@ def assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what=""):
     assert (out[empty] == 0).all(), f"{prefix}rows with no visible key must be exactly 0"
     for b in range(out.shape[0]):
         err = relative_error(out[b], ref_out[b])
-        assert err <= OUT_RTOL[dtype], f"{prefix}sequence {b}: relative error {err:.3g} > {OUT_RTOL[dtype]:g}"
+        assert err <= out_rtol, f"{prefix}sequence {b}: relative error {err:.3g} > {out_rtol:g}"
     if lse is None:
         return
     assert lse.dtype == torch.float32, f"{prefix}lse dtype {lse.dtype}, expected float32"
@@ -50,7 +52,7 @@ def assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what=""):
     assert torch.isfinite(lse[finite]).all(), f"{prefix}lse must be finite where some key is visible"
     if finite.any():
         err = (lse[finite] - ref_lse[finite]).abs().max().item()
-        assert err <= LSE_ATOL[dtype], f"{prefix}lse max abs error {err:.3g} > {LSE_ATOL[dtype]:g}"
+        assert err <= lse_atol, f"{prefix}lse max abs error {err:.3g} > {lse_atol:g}"
 
 
 def decode_all_ways(problem, **options):

@@ -57,3 +57,71 @@ def test_graph_replay_follows_lengths_and_pages(page_size, kv_len_per_split, gen
         torch.cuda.synchronize()
         ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
         assert_matches_reference(out, lse, ref_out, ref_lse, torch.bfloat16, f"replay {replay} lens {lens}")
+
+
+def capture(step):
+    """Warms `step` up on a side stream (lazy initialisation stays out of the graph), then captures it.
+    Returns (graph, what the captured call returned: the tensors each replay rewrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = step()
+    return graph, results
+
+
+@requires_cuda
+@pytest.mark.parametrize("page_size", [None, 64], ids=["dense", "paged64"])
+def test_graph_decode_with_lse_and_merge(page_size, gen):
+    """The allocating ops in a graph, at H=128 (the many-row kernel), S_q=1, fp16: each cache's prefix and suffix
+    decoded with decode_with_lse and merged with merge_states, the split lengths derived from seq_lens on the
+    device. Every replay follows the new lengths and pages, for the parts and for the merged whole."""
+    split_at = 128  # keys in the prefix (two 64-token pages)
+    problem = make_problem(
+        gen,
+        device="cuda",
+        dtype=torch.float16,
+        lens=[CAPACITY] * 4,
+        num_heads=128,
+        page_size=page_size,
+        dense_seq_lens=True,
+        spare_slots=0,
+    )
+    q, q_pe, kv, k_pe = problem.args()
+    if page_size is None:
+        prefix_cache, suffix_cache = (kv[:, :split_at], k_pe[:, :split_at]), (kv[:, split_at:], k_pe[:, split_at:])
+    else:
+        prefix_cache = suffix_cache = (kv, k_pe)
+
+    def step():
+        prefix_lens = problem.seq_lens.clamp(max=split_at)
+        suffix_lens = (problem.seq_lens - split_at).clamp(min=0)
+        tables = (None, None)
+        if page_size is not None:
+            first_suffix_page = split_at // page_size
+            tables = (problem.block_table[:, :first_suffix_page], problem.block_table[:, first_suffix_page:])
+        prefix = torch.ops.mla.decode_with_lse(q, q_pe, *prefix_cache, block_table=tables[0], seq_lens=prefix_lens)
+        suffix = torch.ops.mla.decode_with_lse(q, q_pe, *suffix_cache, block_table=tables[1], seq_lens=suffix_lens)
+        whole = torch.ops.mla.decode_with_lse(*problem.args(), **problem.kwargs())
+        return prefix, whole, torch.ops.mla.merge_states(*prefix, *suffix)
+
+    graph, (prefix, whole, merged) = capture(step)
+    original_table = None if page_size is None else problem.block_table.clone()
+    for replay, lens in enumerate(REPLAY_LENS):
+        problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        if page_size is not None:
+            problem.block_table.copy_(original_table.roll(replay, dims=0))
+        for tensor in (*prefix, *whole, *merged):
+            tensor.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        what = f"replay {replay} lens {lens}"
+        ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+        assert_matches_reference(*whole, ref_out, ref_lse, torch.float16, f"{what}, whole")
+        assert_matches_reference(*merged, ref_out, ref_lse, torch.float16, f"{what}, prefix + suffix merged")
+        prefix_kwargs = dict(problem.reference_kwargs(), seq_lens=problem.seq_lens.clamp(max=split_at))
+        ref_out, ref_lse = decode_reference(*problem.args(), **prefix_kwargs)
+        assert_matches_reference(*prefix, ref_out, ref_lse, torch.float16, f"{what}, prefix")

@@ -57,6 +57,38 @@ def test_two_halves_merge_to_whole(dtype, device, gen):
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
+def test_prefix_and_suffix_pages_merge_to_whole(dtype, page_size, causal, device, gen):
+    """A paged cache with S_q = 3 query tokens (multi-token decode): its first pages (a shared prefix) and the rest,
+    decoded apart with decode_with_lse and merged, equal one decode over all pages.
+
+    Causal: every token sees the whole prefix, so the prefix is decoded without the mask and the suffix with it;
+    the lengths are 0 or at least prefix + S_q - 1 (else the prefix itself would need the mask)."""
+    seqlen_q, prefix_pages = 3, 2
+    split_at = prefix_pages * page_size
+    if causal:
+        lens = [2 * split_at + 37, 0, split_at + seqlen_q - 1, split_at + 50]
+    else:
+        lens = [2 * split_at + 37, 0, 5, split_at, split_at + 1]
+    problem = make_problem(
+        gen, device=device, dtype=dtype, lens=lens, num_heads=16, seqlen_q=seqlen_q, causal=causal, page_size=page_size
+    )
+    q, q_pe, kv, k_pe = problem.args()
+    table, seq_lens = problem.block_table, problem.seq_lens
+    prefix = torch.ops.mla.decode_with_lse(
+        q, q_pe, kv, k_pe, block_table=table[:, :prefix_pages], seq_lens=seq_lens.clamp(max=split_at)
+    )
+    suffix = torch.ops.mla.decode_with_lse(
+        q, q_pe, kv, k_pe, block_table=table[:, prefix_pages:], seq_lens=(seq_lens - split_at).clamp(min=0),
+        causal=causal,
+    )  # fmt: skip
+    out, lse = mla_ext.merge_states(*prefix, *suffix)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
+
+
 @pytest.mark.parametrize(
     "broken, message",
     [

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 import torch
-from axes import DTYPE_IDS
+from axes import DTYPE_IDS, requires_cuda
 from checks import OUT_RTOL, assert_matches_reference, relative_error
-from make_inputs import empty_outputs_like, make_problem
+from make_inputs import empty_outputs_like, make_problem, randn
 from reference import decode_reference
 
 import mla_ext
@@ -239,3 +239,72 @@ def test_hostile_values_are_clamped_or_invisible(page_size, device, gen):
     mla_ext.decode(*problem.args(), **problem.kwargs(kv_len_per_split=16), out=out, lse=lse)
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, torch.float32, "hostile values")
+
+
+# A cache row is 576 elements: this many keys put a cache (and its last 100 rows) past element 2**31.
+KEYS_PAST_INT32 = 2**31 // 576 + 256
+
+
+@pytest.mark.parametrize("kv_len_per_split", [2**20, None], ids=["split1M", "split-auto"])
+def test_offsets_beyond_int32_dense_batch_stride(kv_len_per_split, device, gen):
+    """A dense fp16 cache [2, S_kv, 576] with S_kv * 576 > 2**31 (8.6 GB, mostly never touched): sequence 1 starts
+    past element 2**31, so its batch offset needs 64 bits."""
+    if device == "cpu" and kv_len_per_split is None:
+        pytest.skip("the CPU default split over a 3.7M-key capacity allocates large partials; one split size is enough")
+    cache = torch.empty(2, KEYS_PAST_INT32, 576, dtype=torch.float16, device=device)
+    lens = [100, 150]
+    for b, length in enumerate(lens):
+        cache[b, :length] = randn(gen, (length, 576), torch.float16, device)
+    problem = make_problem(gen, device=device, dtype=torch.float16, lens=[1, 1], num_heads=16)
+    problem.kv, problem.k_pe = cache[..., :512], cache[..., 512:]
+    problem.seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out, lse = mla_ext.decode(*problem.args(), return_lse=True, **problem.kwargs(kv_len_per_split=kv_len_per_split))
+    compact = cache[:, : max(lens)]  # the reference widens what it is given to float64: give it the used rows only
+    ref_out, ref_lse = decode_reference(
+        problem.q, problem.q_pe, compact[..., :512], compact[..., 512:], seq_lens=problem.seq_lens
+    )
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float16)
+
+
+def test_offsets_beyond_int32_page_size_1(device, gen):
+    """One key per page (SGLang's layout) in a 4.3 GB fp16 cache: sequence 0 reads the last pages backwards,
+    sequence 1 alternates between the first pages and pages past element 2**31."""
+    num_pages = KEYS_PAST_INT32
+    cache = torch.empty(num_pages, 1, 576, dtype=torch.float16, device=device)
+    lens = [70, 45]
+    table = torch.full((2, 70), -1, dtype=torch.int32)
+    table[0] = torch.arange(num_pages - 1, num_pages - 71, -1, dtype=torch.int32)
+    table[1, :45] = torch.tensor([i if i % 2 else num_pages - 80 - i for i in range(45)], dtype=torch.int32)
+    for page in table[table >= 0].tolist():
+        cache[page] = randn(gen, (1, 576), torch.float16, device)
+    problem = make_problem(gen, device=device, dtype=torch.float16, lens=[1, 1], num_heads=16, seqlen_q=2)
+    problem.kv, problem.k_pe = cache[..., :512], cache[..., 512:]
+    problem.block_table = table.to(device)
+    problem.seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out, lse = mla_ext.decode(*problem.args(), return_lse=True, **problem.kwargs(kv_len_per_split=32))
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float16)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kv_len_per_split", [None, 2**16], ids=["split-auto", "split64K"])
+def test_offsets_beyond_int32_within_one_sequence(kv_len_per_split, gen):
+    """One sequence of 3.7M keys (4.3 GB bf16), every key visible: its own key offsets pass 2**31. All keys are 0
+    (score 0, value 0) except a few random ones at the start, the middle and past element 2**31, so the expected
+    result is the reference over those few, merged with N zero keys in closed form: lse = logaddexp(lse_few,
+    log N), out = out_few * exp(lse_few - lse)."""
+    capacity = KEYS_PAST_INT32
+    special = [0, 5, capacity // 2, capacity - 100, capacity - 1]
+    assert (capacity - 100) * 576 > 2**31
+    cache = torch.zeros(1, capacity, 576, dtype=torch.bfloat16, device="cuda")
+    few = randn(gen, (1, len(special), 576), torch.bfloat16, "cuda")
+    cache[:, special] = few
+    problem = make_problem(gen, device="cuda", dtype=torch.bfloat16, lens=[1], num_heads=16)
+    out, lse = mla_ext.decode(
+        problem.q, problem.q_pe, cache[..., :512], cache[..., 512:], return_lse=True, kv_len_per_split=kv_len_per_split
+    )
+    few_out, few_lse = decode_reference(problem.q, problem.q_pe, few[..., :512], few[..., 512:])
+    zeros = torch.tensor(float(capacity - len(special)), dtype=torch.float64).log()
+    ref_lse = torch.logaddexp(few_lse, zeros)
+    ref_out = few_out * torch.exp(few_lse - ref_lse)[..., None]
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.bfloat16)

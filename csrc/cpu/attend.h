@@ -200,7 +200,8 @@ MLA_CPU_INLINE void write_rows(const DecodeParams& p, const TaskSpec& task, cons
   for (int r = 0; r < task.row_count; ++r) {
     const int row = task.row_begin + r;
     const float sum = no_keys ? 0.0f : s.row_sum[r];
-    const bool empty = !(sum > 0.0f);  // the row saw no key: out 0, lse -inf
+    // The row saw no key: out 0, lse -inf. A NaN sum (a non-finite used key) is not empty: it reaches the output.
+    const bool empty = sum == 0.0f;
     // In double: at |lse| ~ 50 each fp32 rounding here would cost about an ulp of lse.
     const float lse = empty
                           ? minus_inf

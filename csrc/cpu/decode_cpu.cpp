@@ -184,7 +184,18 @@ void combine_splits(const DecodeParams& p) {
       Elem* out = static_cast<Elem*>(p.out) + b * p.out_batch_stride + t * p.out_seq_stride + h * p.out_head_stride;
       float& lse = p.lse[b * p.lse_batch_stride + t * p.lse_seq_stride + h * p.lse_head_stride];
       float max_lse = minus_inf;
-      for (int s = 0; s < num_splits; ++s) max_lse = std::max(max_lse, lse_split[s]);
+      bool nan = false;  // a split that saw a non-finite key makes the row NaN, as in the reference
+      for (int s = 0; s < num_splits; ++s) {
+        max_lse = std::max(max_lse, lse_split[s]);
+        nan |= std::isnan(lse_split[s]);
+      }
+      if (nan) {
+        const float quiet_nan = std::numeric_limits<float>::quiet_NaN();
+        std::fill(acc, acc + kHeadDim, quiet_nan);
+        IO::template from_float<4>(acc, 1.0f, out, kHeadDim);
+        lse = quiet_nan;
+        continue;
+      }
       if (max_lse == minus_inf) {  // no split saw a key
         std::memset(out, 0, sizeof(Elem) * kHeadDim);
         lse = minus_inf;
@@ -228,6 +239,11 @@ void merge_rows(const MergeStatesParams& p) {
       T* out = static_cast<T*>(p.out) + r * p.dim;
       const float lse_a = p.lse_a[r], lse_b = p.lse_b[r];
       const float max_lse = std::max(lse_a, lse_b);
+      if (std::isnan(lse_a) || std::isnan(lse_b)) {  // NaN in, NaN out (std::max would drop it)
+        for (int d = 0; d < p.dim; ++d) out[d] = T(std::numeric_limits<float>::quiet_NaN());
+        p.lse[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       if (max_lse == minus_inf) {
         for (int d = 0; d < p.dim; ++d) out[d] = T(0.0f);
         p.lse[r] = minus_inf;

@@ -13,8 +13,10 @@ struct CpuBackend {
     explicit Guard(at::Device) {}
   };
   static void check_strict_allowed() {}
-  static int default_kv_len_per_split(const DecodeParams& p, DType) {
-    return cpu::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, at::get_num_threads());
+  static void set_default_split(DecodeProblem& problem) {
+    const DecodeParams& p = problem.params;
+    set_split(problem,
+              cpu::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, at::get_num_threads()));
   }
   static void decode(const DecodeParams& p, DType dtype) { cpu::decode(p, dtype); }
   static void merge_states(const MergeStatesParams& p, DType dtype) { cpu::merge_states(p, dtype); }

@@ -18,6 +18,11 @@ constexpr int kCombineChunks = kHeadDim / kCombineColumns;  // units per query r
 constexpr int kCombineMaxWarps = 16;                        // warps per CTA
 constexpr int kCombineBatch = 8;                            // splits whose loads a warp keeps in flight at once
 
+// Maximum that keeps NaN (fmaxf drops it): a split that saw a non-finite key makes the whole row NaN.
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
 template <typename T>
 __device__ __forceinline__ void store4(T* dst, float a, float b, float c, float d) {
   if constexpr (sizeof(T) == 4) {
@@ -44,29 +49,44 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
   const int warp_slot = threadIdx.z * groups + group;
   const int rows = p.seqlen_q * p.num_heads;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
-  const bool active = unit < static_cast<int64_t>(p.batch) * rows * kCombineChunks;  // the last CTA may overhang
-  const int64_t row_global = active ? unit / kCombineChunks : 0;                     // b * rows + r
+  bool active = unit < static_cast<int64_t>(p.batch) * rows * kCombineChunks;  // the last CTA may overhang
+  const int64_t row_global = active ? unit / kCombineChunks : 0;               // b * rows + r
   const int chunk = static_cast<int>(unit % kCombineChunks);
-  const int num_splits = p.num_splits;
-  const float* lse_row = p.lse_partial + row_global * num_splits;
+  const int batch_index = static_cast<int>(row_global / rows);
+  const int row = static_cast<int>(row_global - static_cast<int64_t>(batch_index) * rows);
+  wait_for_previous_grid();  // the partials come from the main kernel, which may still be finishing
+  allow_next_grid_launch();
+
+  // Where split s of this row lives: lse at lse_row[s * lse_stride], values at values_row[s * values_stride].
+  int num_splits = p.num_splits;
+  int64_t lse_first = row_global * num_splits, lse_stride = 1;
+  if (p.balanced_target > 0) {
+    const int first = p.split_table[2 * static_cast<int64_t>(batch_index)];
+    num_splits = p.split_table[2 * static_cast<int64_t>(batch_index) + 1];
+    lse_first = static_cast<int64_t>(first) * rows + row;
+    lse_stride = rows;
+    active = active && num_splits > 1;  // a sequence with one split got its outputs from the main kernel
+  }
+  const float* lse_row = p.lse_partial + lse_first;
+  const int64_t values_stride = lse_stride * kHeadDim;
 
   float m = kNegInf;
   if (active) {
-    for (int s = group * 32 + lane; s < num_splits; s += groups * 32) m = fmaxf(m, lse_row[s]);
+    for (int s = group * 32 + lane; s < num_splits; s += groups * 32) m = max_keep_nan(m, lse_row[s * lse_stride]);
   }
 #pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  for (int off = 16; off >= 1; off >>= 1) m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
   if (groups > 1) {
     if (lane == 0) part_max[warp_slot] = m;
     __syncthreads();
     m = part_max[warp_slot - group];
-    for (int g = 1; g < groups; ++g) m = fmaxf(m, part_max[warp_slot - group + g]);
+    for (int g = 1; g < groups; ++g) m = max_keep_nan(m, part_max[warp_slot - group + g]);
   }
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
   if (active && m != kNegInf) {
-    const float* values = p.out_partial + row_global * num_splits * kHeadDim + chunk * kCombineColumns + lane * 4;
+    const float* values = p.out_partial + lse_first * kHeadDim + chunk * kCombineColumns + lane * 4;
     for (int s0 = group; s0 < num_splits; s0 += groups * kCombineBatch) {
       float l[kCombineBatch];
       float4 v[kCombineBatch];
@@ -76,8 +96,8 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
         l[i] = kNegInf;
         v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (s < num_splits) {
-          l[i] = lse_row[s];
-          v[i] = *reinterpret_cast<const float4*>(values + static_cast<int64_t>(s) * kHeadDim);
+          l[i] = lse_row[s * lse_stride];
+          v[i] = *reinterpret_cast<const float4*>(values + s * values_stride);
         }
       }
 #pragma unroll
@@ -108,9 +128,7 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
     }
   }
   if (!active) return;
-  const int batch_index = static_cast<int>(row_global / rows);
-  const int row = static_cast<int>(row_global - static_cast<int64_t>(batch_index) * rows);
-  const bool seen = weight_sum > 0.f;
+  const bool seen = !(weight_sum == 0.f);
   const float inv = seen ? 1.f / weight_sum : 0.f;
   T* out = static_cast<T*>(p.out) + out_row_offset(p, batch_index, row) + chunk * kCombineColumns + lane * 4;
   store4<T>(out, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
@@ -128,7 +146,7 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const __grid_constant
   const int lane = threadIdx.x & 31;
   const float lse_a = p.lse_a[row];
   const float lse_b = p.lse_b[row];
-  const float m = fmaxf(lse_a, lse_b);
+  const float m = max_keep_nan(lse_a, lse_b);  // a NaN side makes the row NaN (weights and sum below)
   const bool any = m != kNegInf;
   const float wa = (any && lse_a != kNegInf) ? expf(lse_a - m) : 0.f;
   const float wb = (any && lse_b != kNegInf) ? expf(lse_b - m) : 0.f;

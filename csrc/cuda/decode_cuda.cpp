@@ -76,9 +76,19 @@ struct CudaBackend {
                 "forbids; call mla_ext.set_strict(False) before capturing");
   }
 
-  static int default_kv_len_per_split(const DecodeParams& p, DType dtype) {
-    return cuda::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, current_device_sm_count(),
-                                          dtype);
+  // With seq_lens the split is balanced on device from the actual lengths (no host sync); without, every sequence
+  // holds `capacity` keys and the split follows from shapes.
+  static void set_default_split(DecodeProblem& problem) {
+    const DecodeParams& p = problem.params;
+    const int rows = p.seqlen_q * p.num_heads;
+    if (p.seq_lens != nullptr) {
+      const cuda::BalancedSplit split =
+          cuda::balanced_split_for(p.batch, rows, current_device_sm_count(), problem.dtype);
+      set_balanced_split(problem, split.target, split.split_cost, split.align);
+    } else {
+      set_split(problem,
+                cuda::default_kv_len_per_split(p.batch, rows, p.capacity, current_device_sm_count(), problem.dtype));
+    }
   }
 
   static void decode(const DecodeParams& p, DType dtype) {

@@ -226,7 +226,7 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
   cp_async_wait<0>();
 
   // ---- epilogue: each warp holds whole-row sums; write its 128 columns ----
-  const bool single_split = p.num_splits == 1;
+  const bool single_split = w.single_split;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float l = row_sum[half];
@@ -234,7 +234,7 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int r = w.row_begin + group_row0 + (lane >> 2) + half * 8;
     if (r >= w.rows) continue;
-    const bool seen = l > 0.f;
+    const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
     const float inv = seen ? 1.f / l : 0.f;
     const float lse = seen ? (row_max[half] + log2f(l)) * 0.6931471805599453f : kNegInf;
     const int col0 = quarter * Cfg::kWarpCols + 2 * (lane & 3);
@@ -264,6 +264,8 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_dim_split_kernel(const __grid_constant__ DecodeParams p) {
+  wait_for_previous_grid();  // q may come from the kernel just before
+  allow_next_grid_launch();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (!Cfg::kSm90Only) decode_dim_split_body<Cfg>(p);
 #else

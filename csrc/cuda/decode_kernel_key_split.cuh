@@ -76,6 +76,45 @@ struct KeySplitTile {
   }
 };
 
+// Completes per-row values held as v[mi][half] by the lanes of mma fragments: first over the four lanes that share a
+// row, then (kWarpsN > 1) over the warps of the row group through `exchange` ([kWarpsN][kRowTile] floats), in warp
+// order so the result is deterministic. The caller guarantees no warp still reads `exchange` from a previous use.
+template <class Cfg, class Combine>
+__device__ __forceinline__ void reduce_across_row_group(float (&v)[Cfg::kMTiles][2], Combine combine, float* exchange,
+                                                        int wn, int warp_row0, int lane, int barrier_id) {
+#pragma unroll
+  for (int mi = 0; mi < Cfg::kMTiles; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float x = v[mi][half];
+      x = combine(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = combine(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      v[mi][half] = x;
+    }
+  }
+  if constexpr (Cfg::kWarpsN > 1) {
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMTiles; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          exchange[wn * Cfg::kRowTile + warp_row0 + mi * 16 + (lane >> 2) + half * 8] = v[mi][half];
+    }
+    named_barrier(barrier_id, Cfg::kWarpsN * 32);
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMTiles; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp_row0 + mi * 16 + (lane >> 2) + half * 8;
+        float x = exchange[r];
+#pragma unroll
+        for (int g = 1; g < Cfg::kWarpsN; ++g) x = combine(x, exchange[g * Cfg::kRowTile + r]);
+        v[mi][half] = x;
+      }
+    }
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
   using T = typename Cfg::Element;
@@ -206,37 +245,8 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
         }
       }
     }
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float m = tile_max[mi][half];
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        tile_max[mi][half] = m;
-      }
-    }
-    if constexpr (Cfg::kWarpsN > 1) {
-      if ((lane & 3) == 0) {
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            reduce[wn * Cfg::kRowTile + warp_row0 + mi * 16 + (lane >> 2) + half * 8] = tile_max[mi][half];
-      }
-      named_barrier(group_barrier, kGroupThreads);
-#pragma unroll
-      for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = warp_row0 + mi * 16 + (lane >> 2) + half * 8;
-          float m = reduce[r];
-#pragma unroll
-          for (int g = 1; g < Cfg::kWarpsN; ++g) m = fmaxf(m, reduce[g * Cfg::kRowTile + r]);
-          tile_max[mi][half] = m;
-        }
-      }
-    }
+    reduce_across_row_group<Cfg>(
+        tile_max, [](float x, float y) { return fmaxf(x, y); }, reduce, wn, warp_row0, lane, group_barrier);
 
     // ---- online softmax update; P (as T) to shared memory for the whole row group ----
     float alpha[kMT][2];
@@ -313,40 +323,11 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
   cp_async_wait<0>();  // no copy may land after the CTA exits (tail groups are empty, but keep it explicit)
 
   // ---- epilogue: full row sums, normalise, write out/lse (one split) or fp32 partials ----
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float l = row_sum[mi][half];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      row_sum[mi][half] = l;
-    }
-  }
-  if constexpr (Cfg::kWarpsN > 1) {
-    // Every warp of the group has passed its last P barrier, so the exchange buffer is free again.
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          reduce[wn * Cfg::kRowTile + warp_row0 + mi * 16 + (lane >> 2) + half * 8] = row_sum[mi][half];
-    }
-    named_barrier(group_barrier, kGroupThreads);
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = warp_row0 + mi * 16 + (lane >> 2) + half * 8;
-        float l = reduce[r];
-#pragma unroll
-        for (int g = 1; g < Cfg::kWarpsN; ++g) l += reduce[g * Cfg::kRowTile + r];  // fixed order: deterministic
-        row_sum[mi][half] = l;
-      }
-    }
-  }
+  // Every warp of the group has passed its last P barrier, so the exchange buffer is free again.
+  reduce_across_row_group<Cfg>(
+      row_sum, [](float x, float y) { return x + y; }, reduce, wn, warp_row0, lane, group_barrier);
 
-  const bool single_split = p.num_splits == 1;
+  const bool single_split = w.single_split;
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi) {
 #pragma unroll
@@ -354,7 +335,7 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
       const int r = w.row_begin + warp_row0 + mi * 16 + (lane >> 2) + half * 8;
       if (r >= w.rows) continue;
       const float l = row_sum[mi][half];
-      const bool seen = l > 0.f;
+      const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
       const float inv = seen ? 1.f / l : 0.f;
       const float lse = seen ? (row_max[mi][half] + log2f(l)) * 0.6931471805599453f : kNegInf;
       const int col0 = warp_col0 + 2 * (lane & 3);
@@ -384,6 +365,8 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_key_split_kernel(const __grid_constant__ DecodeParams p) {
+  wait_for_previous_grid();  // q may come from the kernel just before
+  allow_next_grid_launch();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // Configurations larger than sm_80's shared memory are only launched on sm_90; elsewhere keep the body out.
   if constexpr (!Cfg::kSm90Only) decode_key_split_body<Cfg>(p);

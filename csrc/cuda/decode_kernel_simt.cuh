@@ -221,13 +221,13 @@ __device__ __forceinline__ void decode_simt_body(const DecodeParams& p) {
   // ---- epilogue ----
   if (softmax_thread && sm_key == 0) stats[sm_row] = make_float2(row_max, row_sum);
   __syncthreads();
-  const bool single_split = p.num_splits == 1;
+  const bool single_split = w.single_split;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     const int row = w.row_begin + row8 + r;
     if (row >= w.rows) continue;
     const float2 st = stats[row8 + r];
-    const bool seen = st.y > 0.f;
+    const bool seen = !(st.y == 0.f);  // NaN (a non-finite used key) must reach the output
     const float inv = seen ? 1.f / st.y : 0.f;
     const float4 o = make_float4(acc[r][0] * inv, acc[r][1] * inv, acc[r][2] * inv, acc[r][3] * inv);
     const float lse = seen ? (st.x + log2f(st.y)) * 0.6931471805599453f : kNegInf;
@@ -245,6 +245,8 @@ __device__ __forceinline__ void decode_simt_body(const DecodeParams& p) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_simt_kernel(const __grid_constant__ DecodeParams p) {
+  wait_for_previous_grid();  // q may come from the kernel just before
+  allow_next_grid_launch();
   decode_simt_body<Cfg>(p);
 }
 

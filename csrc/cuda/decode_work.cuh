@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "balanced_split.cuh"
 
 namespace mla::cuda {
 
@@ -14,13 +15,15 @@ namespace mla::cuda {
 // side and hit the same lines in L2. A 1-D grid keeps every count (splits can pass 65535) within launch limits.
 struct CtaWork {
   int batch_index;
-  int rows;       // S_q * H: query rows of the sequence
-  int row_begin;  // first row of this CTA's row block
-  int split;      // split index in [0, num_splits)
-  int seq_len;    // seq_lens[b] clamped to [0, capacity]
-  int key_begin;  // first key of the split
-  int key_end;    // one past the last key any row of this block can see (>= key_begin)
-  int num_tiles;  // ceil((key_end - key_begin) / key_tile)
+  int rows;           // S_q * H: query rows of the sequence
+  int row_begin;      // first row of this CTA's row block
+  int split;          // split index within the sequence
+  int slot;           // work item: balanced splits index partials by it
+  bool single_split;  // the sequence has one split: write out / lse directly, no partials
+  int seq_len;        // seq_lens[b] clamped to [0, capacity]
+  int key_begin;      // first key of the split
+  int key_end;        // one past the last key any row of this block can see (>= key_begin)
+  int num_tiles;      // ceil((key_end - key_begin) / key_tile)
 };
 
 __device__ __forceinline__ int row_key_limit(const DecodeParams& p, int seq_len, int row) {
@@ -30,6 +33,7 @@ __device__ __forceinline__ int row_key_limit(const DecodeParams& p, int seq_len,
   return seq_len - (p.seqlen_q - 1 - token);
 }
 
+// Called by every thread of the CTA (balanced splits need whole warps).
 template <int kRowTile, int kKeyTile>
 __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   CtaWork w;
@@ -38,16 +42,36 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   int index = static_cast<int>(blockIdx.x);
   w.row_begin = (index % row_blocks) * kRowTile;
   index /= row_blocks;
-  w.split = index % p.num_splits;
-  w.batch_index = index / p.num_splits;
-
-  int len = p.capacity;
-  if (p.seq_lens != nullptr) len = p.seq_lens[static_cast<int64_t>(w.batch_index) * p.seq_lens_stride];
-  w.seq_len = min(max(len, 0), p.capacity);
+  int split_len = p.kv_len_per_split;
+  if (p.balanced_target > 0) {
+    int first = 0;
+    SequenceSplits splits{1, 0};
+    w.slot = index;
+    if (find_work_item(p, balanced_plan(p), index, w.batch_index, first, splits)) {
+      w.split = index - first;
+      split_len = splits.length;
+      w.single_split = splits.count == 1;
+      if (w.split == 0 && threadIdx.x == 0) {  // for the combine (every row block writes the same values)
+        p.split_table[2 * static_cast<int64_t>(w.batch_index)] = first;
+        p.split_table[2 * static_cast<int64_t>(w.batch_index) + 1] = splits.count;
+      }
+    } else {  // a spare item: no keys; it writes -inf into its own partial slot, which no one reads
+      w.batch_index = 0;
+      w.split = 0;
+      split_len = 0;
+      w.single_split = false;
+    }
+  } else {
+    w.split = index % p.num_splits;
+    w.batch_index = index / p.num_splits;
+    w.slot = index;
+    w.single_split = p.num_splits == 1;
+  }
+  w.seq_len = clamped_seq_len(p, w.batch_index);
 
   // 64-bit: split * kv_len_per_split + kv_len_per_split can pass 2^31 for huge user splits.
-  const int64_t begin = static_cast<int64_t>(w.split) * p.kv_len_per_split;
-  int64_t end = min(begin + p.kv_len_per_split, static_cast<int64_t>(w.seq_len));
+  const int64_t begin = static_cast<int64_t>(w.split) * split_len;
+  int64_t end = min(begin + split_len, static_cast<int64_t>(w.seq_len));
   const int last_row = min(w.row_begin + kRowTile, w.rows) - 1;
   end = min(end, static_cast<int64_t>(row_key_limit(p, w.seq_len, last_row)));  // later tokens see the most keys
   w.key_begin = static_cast<int>(min(begin, static_cast<int64_t>(p.capacity)));
@@ -99,8 +123,10 @@ __device__ __forceinline__ int64_t lse_row_offset(const DecodeParams& p, int bat
   const int head = row - token * p.num_heads;
   return batch_index * p.lse_batch_stride + token * p.lse_seq_stride + head * p.lse_head_stride;
 }
-// Split partials are contiguous: out_partial [B, rows, num_splits, D], lse_partial [B, rows, num_splits].
+// Split partials are contiguous: out_partial [B, rows, num_splits, D], lse_partial [B, rows, num_splits]; balanced
+// splits: out_partial [W, rows, D], lse_partial [W, rows] by work item.
 __device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, const CtaWork& w, int row) {
+  if (p.balanced_target > 0) return static_cast<int64_t>(w.slot) * w.rows + row;
   return (static_cast<int64_t>(w.batch_index) * w.rows + row) * p.num_splits + w.split;
 }
 

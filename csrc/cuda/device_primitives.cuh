@@ -122,4 +122,18 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and when the launch did not ask for it). A kernel launched
+// with it may start while the previous kernel on the stream is finishing, so it must wait before touching memory.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel (if launched for it) start its CTAs once every CTA of this grid has run this or exited.
+__device__ __forceinline__ void allow_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace mla::cuda

@@ -21,4 +21,13 @@ void launch_merge_states(const MergeStatesParams& params, cudaStream_t stream);
 // rows_per_seq = S_q * H; capacity = keys a sequence can hold. Returns a positive multiple of 16.
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype);
 
+// Balanced splits for a call with seq_lens (see DecodeParams): spread the batch's keys over about one wave of CTAs
+// of the kernel that will run; split_cost weighs the combine traffic of one more split (it grows with the rows).
+struct BalancedSplit {
+  int target;
+  float split_cost;
+  int align;  // split lengths are multiples of it: the key tile of the many-row kernels (whose tiles stay aligned)
+};
+BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype);
+
 }  // namespace mla::cuda

@@ -17,6 +17,9 @@
 #include "decode_kernel_key_split.cuh"
 #include "decode_kernel_simt.cuh"
 #include "launch.h"
+#include "launch_counters.h"
+#include "launch_options.h"
+#include "sm90/launch_sm90.h"
 #include "tile_plan.h"
 
 namespace mla::cuda {
@@ -124,41 +127,65 @@ void ensure_shared_memory(Kernel kernel, int device) {
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
+// Launches kernel(p). With `overlap` (sm_90+), programmatic dependent launch lets its CTAs start while the previous
+// kernel on the stream drains; the kernels wait (wait_for_previous_grid) before touching memory. Saves a launch
+// gap per kernel, which is most of the cost left for small batches. Works inside CUDA graph capture.
+template <class Params>
+void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, bool overlap,
+                       const Params& p, const char* what) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  config.attrs = overlap ? &attribute : nullptr;
+  config.numAttrs = overlap ? 1 : 0;
+  throw_on_error(cudaLaunchKernelEx(&config, kernel, p), what);
+}
+
 template <typename T>
-void launch_combine(const DecodeParams& p, cudaStream_t stream) {
+void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap) {
   const int64_t units = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * kCombineChunks;
   // Warps per unit: enough that each sums at most one batch of splits, up to 16; then units per CTA to reach 8 warps.
+  // Balanced splits vary per sequence: size for twice the average.
+  int64_t splits = p.num_splits;
+  if (p.balanced_target > 0) splits = (2 * static_cast<int64_t>(p.balanced_target) + p.batch - 1) / p.batch;
   int groups = 1;
-  while (groups < kCombineMaxWarps && groups * kCombineBatch < p.num_splits) groups *= 2;
+  while (groups < kCombineMaxWarps && groups * kCombineBatch < splits) groups *= 2;
   const int units_per_cta = groups >= 8 ? 1 : 8 / groups;
   const int64_t ctas = (units + units_per_cta - 1) / units_per_cta;
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: too many query rows for one combine launch");
-  combine_splits_kernel<T><<<static_cast<unsigned>(ctas), dim3(32, groups, units_per_cta), 0, stream>>>(p);
-  throw_on_error(cudaGetLastError(), "mla decode split-combine kernel launch");
+  launch_overlapped(combine_splits_kernel<T>, dim3(static_cast<unsigned>(ctas)), dim3(32, groups, units_per_cta), 0,
+                    stream, overlap, p, "mla decode split-combine kernel launch");
 }
 
 }  // namespace detail
 
 // Main kernel with configuration Cfg, then the combine when the problem has several splits.
 template <class Cfg>
-void launch_decode_with(const DecodeParams& p, cudaStream_t stream, int device) {
+void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const detail::DeviceInfo& d) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   if (p.batch == 0 || rows == 0) return;
   const int64_t row_blocks = (rows + Cfg::kRowTile - 1) / Cfg::kRowTile;
-  const int64_t ctas = row_blocks * p.num_splits * p.batch;
+  const int64_t items = p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
+  const int64_t ctas = row_blocks * items;
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: grid too large (batch x splits x row blocks)");
   constexpr auto kernel = KernelOf<Cfg>::kernel;
-  detail::ensure_shared_memory<Cfg>(kernel, device);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  detail::throw_on_error(cudaGetLastError(), "mla decode main kernel launch");
-  if (p.num_splits > 1) detail::launch_combine<typename Cfg::Element>(p, stream);
+  detail::ensure_shared_memory<Cfg>(kernel, d.device);
+  const bool overlap = d.major >= 9 && programmatic_launch_enabled();
+  detail::launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                            overlap, p, "mla decode main kernel launch");
+  if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<typename Cfg::Element>(p, stream, overlap);
 }
 
 // Launches the first configuration that fits the device; false when none does.
 template <class Cfg, class... Fallbacks>
 bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const detail::DeviceInfo& d) {
   if (detail::fits<Cfg>(d)) {
-    launch_decode_with<Cfg>(p, stream, d.device);
+    launch_decode_with<Cfg>(p, stream, d);
     return true;
   }
   if constexpr (sizeof...(Fallbacks) > 0) {
@@ -176,6 +203,13 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if constexpr (dtype == DType::kFloat32) {
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
+    // Hopper: the wgmma + TMA kernel where it supports the problem (many rows per sequence), else the portable one.
+    if (d.major == 9 && launch_decode_sm90<dtype>(p, stream, d.device)) {
+      count_launch(KernelPath::kSm90);
+      if (p.num_splits > 1 || p.balanced_target > 0)
+        detail::launch_combine<T>(p, stream, programmatic_launch_enabled());
+      return;
+    }
     using C = TensorCoreConfigs<T>;
     // The compact fallback (16-row blocks for every head count) serves devices with 99 KB of shared memory.
     const int row_tile = row_tile_for(p.seqlen_q * p.num_heads, dtype);
@@ -185,7 +219,8 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     } else if (row_tile == kMidRowTile) {
       launched = launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80, typename C::FewRowsCompact>(
           p, stream, d);
-    } else if (d.major == 9 && static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count) {
+    } else if (d.major == 9 && (p.balanced_target > 0 ? p.balanced_target <= d.sm_count
+                                                      : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count)) {
       // A grid that leaves SMs free gains more from deeper prefetch than from a second CTA per SM.
       launched = launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80, typename C::FewRowsCompact>(
           p, stream, d);
@@ -199,6 +234,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     throw std::runtime_error("mla decode: the device allows " + std::to_string(d.smem_optin) +
                              " bytes of shared memory per block; the smallest kernel configuration needs more");
   }
+  count_launch(KernelPath::kPortable);
 }
 
 template <DType dtype>

@@ -17,7 +17,11 @@ namespace mla::cuda {
 namespace {
 
 constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16
+// Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
+// elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
+constexpr int64_t kLargeRowSplitAlign = 64;
 constexpr double kCtaOverheadKeys = 64.0;
+constexpr int kDeepBatch = 4;  // balanced splits: batches up to this size use one CTA per SM
 constexpr double kCombineLaunchKeys = 32.0;
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -32,6 +36,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype) {
   if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
   const int row_tile = row_tile_for(rows_per_seq, dtype);
+  const int64_t align = row_tile == kLargeRowTile ? kLargeRowSplitAlign : kSplitAlign;
   const int64_t slots =
       static_cast<int64_t>(std::max(num_sms, 1)) * (dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile));
   const int64_t row_blocks = ceil_div(rows_per_seq, row_tile);
@@ -47,12 +52,12 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const double partial_keys_per_split = partial_weight * static_cast<double>(batch) * rows_per_seq * kHeadDim * 4.0 *
                                         2.0 / key_bytes / static_cast<double>(slots);
 
-  const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, kSplitAlign), 8 * slots);
+  const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, align), 8 * slots);
   double best_cost = std::numeric_limits<double>::infinity();
-  int64_t best_len = round_up(capacity, kSplitAlign);
+  int64_t best_len = round_up(capacity, align);
   int64_t last_len = -1;
   for (int64_t want = 1; want <= max_splits; ++want) {
-    const int64_t len = round_up(ceil_div(capacity, want), kSplitAlign);
+    const int64_t len = round_up(ceil_div(capacity, want), align);
     if (len == last_len) continue;
     last_len = len;
     const int64_t splits = ceil_div(capacity, len);
@@ -64,8 +69,23 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
       best_len = len;
     }
   }
-  const int64_t limit = std::numeric_limits<int>::max() / 2 / kSplitAlign * kSplitAlign;
+  const int64_t limit = std::numeric_limits<int>::max() / 2 / kLargeRowSplitAlign * kLargeRowSplitAlign;
   return static_cast<int>(std::min(best_len, limit));
+}
+
+BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype) {
+  const int row_tile = row_tile_for(rows_per_seq, dtype);
+  // Small batches of few rows get one CTA per SM (the launcher then picks the deep-prefetch configuration), as the
+  // shape-only planner does when its grid leaves SMs free; otherwise the tile's usual CTAs per SM.
+  const bool one_per_sm = dtype == DType::kFloat32 || (row_tile == kSmallRowTile && batch <= kDeepBatch);
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * (one_per_sm ? 1 : ctas_per_sm_for(row_tile));
+  const int64_t row_blocks = ceil_div(std::max(rows_per_seq, 1), row_tile);
+  // Splitting a sequence of n keys into n / L pieces costs about L (the longest piece) plus cost * n / L (partials
+  // written and merged, proportional to the rows); the best L is sqrt(cost * n). cost = rows / 32 matches the
+  // shape-only planner above for one sequence (e.g. L = 128 at 16 rows and 16K keys, 256 at 128 rows).
+  const float split_cost = std::max(1.0f, static_cast<float>(rows_per_seq) / 32.0f);
+  const int align = row_tile == kLargeRowTile ? 64 : 16;
+  return BalancedSplit{static_cast<int>(std::max<int64_t>(1, slots / row_blocks)), split_cost, align};
 }
 
 }  // namespace mla::cuda

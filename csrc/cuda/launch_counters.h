@@ -1,0 +1,31 @@
+// Process-wide counts of decode kernel launches per path, so tests can tell which kernel ran (read through the
+// private op torch.ops.mla._kernel_launch_counts). Plain C++: the launchers (.cu) and the op library (.cpp)
+// share one instance through the inline variable.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace mla::cuda {
+
+// Index into the counts; append new paths at the end (tests index by position).
+enum class KernelPath : int {
+  kPortable = 0,  // the portable main kernels (tensor-core mma.sync for fp16/bf16, SIMT for fp32)
+  kSm90 = 1,      // the Hopper wgmma + TMA main kernel
+  kCount = 2,
+};
+
+inline std::atomic<int64_t> kernel_launch_counters[static_cast<int>(KernelPath::kCount)] = {};
+
+inline void count_launch(KernelPath path) {
+  kernel_launch_counters[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed);
+}
+
+inline std::vector<int64_t> kernel_launch_counts() {
+  std::vector<int64_t> counts;
+  for (const auto& counter : kernel_launch_counters) counts.push_back(counter.load(std::memory_order_relaxed));
+  return counts;
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,155 @@
+// Host side of the sm_90a decode kernel: decides whether it can run the problem, describes the caches to the
+// bulk tensor copy engine (tensor maps built with the driver's cuTensorMapEncodeTiled, reached through the runtime
+// so nothing links against libcuda), and launches it. Any reason not to run returns false: the caller falls back.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "../../params.h"
+#include "../device_primitives.cuh"
+#include "../launch_options.h"
+#include "decode_kernel_sm90.cuh"
+#include "launch_sm90.h"
+
+namespace mla::cuda {
+namespace sm90_detail {
+
+using sm90::Sm90Tile;
+
+inline bool disabled_by_env() {
+  static const bool disabled = [] {
+    const char* value = std::getenv("MLA_EXT_DISABLE_SM90");
+    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  return disabled;
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // not sticky, but leave no error behind for the next launch check
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// Whether this build holds the kernel's sm_90a code for `device` (an sm_80 or PTX-only build compiles an empty
+// body without the static shared memory), and the kernel's dynamic shared-memory limit is raised. Once per device.
+template <typename T>
+bool kernel_ready(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 ready, 2 unusable
+  if (device < 0 || device >= kMaxDevices) return false;
+  const int known = state[device].load(std::memory_order_relaxed);
+  if (known != 0) return known == 1;
+  const auto kernel = sm90::decode_sm90_kernel<T>;
+  cudaFuncAttributes attr{};
+  bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
+               attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
+  ready = ready && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Tile::kSmemBytes) ==
+                       cudaSuccess;
+  if (!ready) cudaGetLastError();
+  state[device].store(ready ? 1 : 2, std::memory_order_relaxed);
+  return ready;
+}
+
+inline bool aligned16(const void* ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
+}
+
+// The shapes and layouts the kernel handles (see launch_sm90.h).
+inline bool supports(const DecodeParams& p) {
+  if (static_cast<int64_t>(p.seqlen_q) * p.num_heads <= 32) return false;  // few rows: memory-bound, portable
+  // Splits (also balanced ones, whose lengths are multiples of kv_len_per_split) must start on tile boundaries.
+  if (p.num_splits > 1 && p.kv_len_per_split % Sm90Tile::kKeyTile != 0) return false;
+  if (p.block_table != nullptr && p.page_size % Sm90Tile::kKeyTile != 0) return false;  // a tile in one page
+  if (!aligned16(p.kv) || !aligned16(p.k_pe)) return false;
+  const int64_t element = 2;
+  if ((p.kv_row_stride * element) % 16 != 0 || (p.k_pe_row_stride * element) % 16 != 0) return false;
+  if ((p.kv_page_stride * element) % 16 != 0 || (p.k_pe_page_stride * element) % 16 != 0) return false;
+  if (p.kv_row_stride <= 0 || p.k_pe_row_stride <= 0 || p.kv_page_stride <= 0 || p.k_pe_page_stride <= 0) {
+    return false;
+  }
+  return true;
+}
+
+// A cache [P, page_size, width] (row and page strides in elements) as a 3-D tensor map read in 64 x 64 boxes with
+// the 128-byte swizzle; rows past page_size read as zeros.
+template <typename T>
+bool encode_cache_map(CUtensorMap* map, const void* data, int width, int64_t row_stride, int64_t page_stride,
+                      const DecodeParams& p) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  constexpr int64_t kElement = 2;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(p.page_size),
+                              static_cast<cuuint64_t>(p.num_pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride * kElement),
+                                 static_cast<cuuint64_t>(page_stride * kElement)};
+  const cuuint32_t box[3] = {Sm90Tile::kBlockCols, Sm90Tile::kKeyTile, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult result =
+      encode(map, type, 3, const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS;
+}
+
+}  // namespace sm90_detail
+
+template <DType dtype>
+bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) {
+  using T = typename ElementOf<dtype>::type;
+  using C = sm90_detail::Sm90Tile;
+  static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
+  if (sm90_detail::disabled_by_env() || !sm90_detail::supports(p)) return false;
+  if (!sm90_detail::kernel_ready<T>(device)) return false;
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  // Work items per row block: (sequence, split) pairs, or the W items of balanced splits (num_splits holds W).
+  const int64_t items = p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
+  const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * items;
+  if (p.batch == 0 || ctas > INT_MAX) return false;
+
+  CUtensorMap kv_map, k_pe_map;
+  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, p.kv_row_stride, p.kv_page_stride, p) ||
+      !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
+    return false;
+  }
+  // Programmatic dependent launch: the CTAs may start while the previous kernel on the stream drains (the kernel
+  // waits before reading memory), which hides the launch gap for small batches.
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  const bool use_overlap = programmatic_launch_enabled();
+  config.attrs = use_overlap ? &overlap : nullptr;
+  config.numAttrs = use_overlap ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, sm90::decode_sm90_kernel<T>, p, kv_map, k_pe_map);
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
+  }
+  return true;
+}
+
+}  // namespace mla::cuda

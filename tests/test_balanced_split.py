@@ -1,0 +1,70 @@
+"""The default split of a call with seq_lens: on CUDA it is sized on device from the actual lengths (balanced
+splits: long sequences cut into many pieces, short ones kept whole, every CTA deriving the same plan). Ragged
+batches, batches wider than a warp, and short sequences in long capacities, against the float64 reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from axes import DTYPE_IDS, DTYPES
+from checks import assert_matches_reference, decode_all_ways
+from make_inputs import make_problem
+from reference import decode_reference
+
+
+def ragged_lens(seed, batch, long_len, long_count):
+    """A few long sequences among many short ones, with 0 and 1 included, in shuffled order."""
+    rng = random.Random(seed)
+    lens = [long_len] * long_count + [0, 1] + [rng.randint(2, 300) for _ in range(batch - long_count - 2)]
+    rng.shuffle(lens)
+    return lens
+
+
+@pytest.mark.parametrize(
+    "num_heads,seqlen_q,causal", [(16, 1, False), (128, 1, False), (16, 2, True)], ids=["h16", "h128", "h16-sq2"]
+)
+@pytest.mark.parametrize("page_size", [None, 64, 16], ids=["dense", "page64", "page16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_ragged_batch_with_default_split(dtype, page_size, num_heads, seqlen_q, causal, device, gen):
+    # 45 sequences: the device-side plan walks the batch in two warp-wide rounds.
+    lens = ragged_lens(int(torch.randint(1 << 30, (1,), generator=gen)), 45, 2500, 3)
+    problem = make_problem(
+        gen,
+        device=device,
+        dtype=dtype,
+        lens=lens,
+        num_heads=num_heads,
+        seqlen_q=seqlen_q,
+        causal=causal,
+        page_size=page_size,
+    )
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
+def test_short_sequence_in_long_capacity(dtype, device, gen):
+    """One short sequence in a dense cache sized for a long context: the split follows the length, not the size."""
+    problem = make_problem(gen, device=device, dtype=dtype, lens=[700], num_heads=16, dense_slack=20000)
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
+
+
+def test_default_split_is_deterministic_and_follows_lengths(device, gen):
+    """Same inputs, same bits; and changing one sequence's length changes only what the reference says it should."""
+    lens = ragged_lens(7, 40, 3000, 2)
+    problem = make_problem(gen, device=device, dtype=torch.bfloat16, lens=lens, num_heads=16, page_size=64)
+    first = decode_all_ways(problem)
+    second = decode_all_ways(problem)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    shorter = list(lens)
+    longest = max(range(len(lens)), key=lambda b: lens[b])
+    shorter[longest] = 5
+    problem.seq_lens.copy_(torch.tensor(shorter, dtype=torch.int32))
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.bfloat16, f"lens {shorter}")

@@ -1,0 +1,143 @@
+"""Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with many query rows per sequence take
+the wgmma + TMA kernel, everything else the portable kernel, and both agree with the float64 reference. Launches
+are counted per path by the private op torch.ops.mla._kernel_launch_counts() -> [portable, sm90]."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from checks import assert_matches_reference, decode_all_ways
+from make_inputs import make_problem
+from reference import decode_reference
+
+import mla_ext
+
+PORTABLE, SM90 = 0, 1
+DTYPES_16 = [torch.float16, torch.bfloat16]
+DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _is_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    archs = (mla_ext.build_info.cuda_archs or "").split(";")
+    return "9.0a" in archs or "9.0a+PTX" in archs
+
+
+requires_hopper = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 device and a build with 9.0a")
+
+
+def launch_counts():
+    counts = list(torch.ops.mla._kernel_launch_counts())
+    assert len(counts) >= 2
+    return counts
+
+
+def launches_during(fn):
+    before = launch_counts()
+    result = fn()
+    torch.cuda.synchronize()
+    after = launch_counts()
+    return result, [a - b for a, b in zip(after, before, strict=True)]
+
+
+def test_launch_counts_op_exists():
+    """The counters are readable in every build (all zeros where no CUDA kernel ran)."""
+    counts = launch_counts()
+    assert all(isinstance(c, int) and c >= 0 for c in counts)
+
+
+# (name, make_problem options, kv_len_per_split): each runs the sm_90a kernel. Caches are NaN/inf-poisoned beyond
+# every sequence's length, so a masked V row that is not zeroed shows up as NaN.
+SM90_CASES = [
+    ("dense_one_split", dict(lens=[300, 300], num_heads=128), 1024),
+    ("dense_splits_tail", dict(lens=[257, 0, 1, 130], num_heads=128, dense_slack=10), 128),
+    ("dense_fused_cache", dict(lens=[200, 77], num_heads=64, cache_layout="fused"), 64),
+    ("dense_odd_heads", dict(lens=[190, 64], num_heads=40), 128),
+    ("paged64_one_split", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 4096),
+    ("paged64_splits", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 192),
+    ("paged128_causal_mtp", dict(lens=[200, 2, 77], num_heads=16, seqlen_q=4, causal=True, page_size=128), 64),
+    ("dense_causal_heads128", dict(lens=[129, 70], num_heads=128, seqlen_q=2, causal=True), 64),
+    ("paged64_transposed_q", dict(lens=[333, 65], num_heads=128, page_size=64, q_layout="transposed"), 256),
+    ("paged64_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=128, page_size=64), None),
+    ("dense_default_split", dict(lens=[1500, 1500], num_heads=128), None),
+]
+
+
+@requires_hopper
+@pytest.mark.parametrize("name,options,split", SM90_CASES, ids=[c[0] for c in SM90_CASES])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_kernel_runs_and_matches(dtype, name, options, split, gen):
+    problem = make_problem(gen, device="cuda", dtype=dtype, **options)
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
+    assert launched[SM90] == 3 and launched[PORTABLE] == 0, f"{name}: launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, name)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_invalid_pages_are_invisible(dtype, gen):
+    """block_table entries outside [0, P) inside the used pages hide their keys; the kernel never loads them."""
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[256, 192, 64], num_heads=128, page_size=64)
+    problem.block_table[0, 1] = -1
+    problem.block_table[1, 0] = 2**31 - 1
+    problem.block_table[2, 0] = -5  # sequence 2 sees no key at all
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=128))
+    assert launched[SM90] == 3, f"launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, "invalid pages")
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_deterministic(dtype, gen):
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 517], num_heads=128, page_size=64)
+    kwargs = problem.kwargs(kv_len_per_split=256)
+    first = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+    for _ in range(3):
+        again = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+# Problems the sm_90a kernel leaves to the portable one.
+PORTABLE_CASES = [
+    ("paged16", dict(lens=[300, 40], num_heads=128, page_size=16), 64),
+    ("split_not_64_aligned", dict(lens=[300, 40], num_heads=128), 48),
+    ("few_rows", dict(lens=[300, 40], num_heads=16), 64),
+]
+
+
+@requires_hopper
+@pytest.mark.parametrize("name,options,split", PORTABLE_CASES, ids=[c[0] for c in PORTABLE_CASES])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_portable_kernel_for_other_problems(dtype, name, options, split, gen):
+    problem = make_problem(gen, device="cuda", dtype=dtype, **options)
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
+    assert launched[PORTABLE] == 3 and launched[SM90] == 0, f"{name}: launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, name)
+
+
+@requires_hopper
+def test_env_disables_sm90():
+    """MLA_EXT_DISABLE_SM90=1 (read once per process) sends every call to the portable kernel."""
+    script = (
+        "import torch, mla_ext\n"
+        "q = torch.randn(2, 128, 512, dtype=torch.bfloat16, device='cuda')\n"
+        "q_pe = torch.randn(2, 128, 64, dtype=torch.bfloat16, device='cuda')\n"
+        "kv = torch.randn(2, 256, 512, dtype=torch.bfloat16, device='cuda')\n"
+        "k_pe = torch.randn(2, 256, 64, dtype=torch.bfloat16, device='cuda')\n"
+        "mla_ext.decode(q, q_pe, kv, k_pe, kv_len_per_split=128)\n"
+        "torch.cuda.synchronize()\n"
+        "print(list(torch.ops.mla._kernel_launch_counts()))\n"
+    )
+    env = dict(os.environ, MLA_EXT_DISABLE_SM90="1")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    counts = [int(c) for c in result.stdout.strip().splitlines()[-1].strip("[]").split(",")]
+    assert counts[PORTABLE] == 1 and counts[SM90] == 0, counts
