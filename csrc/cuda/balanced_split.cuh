@@ -1,6 +1,8 @@
-// Balanced splits (DecodeParams::balanced_target > 0), computed where they are used: each warp that needs the plan
+// Balanced splits (DecodeParams::balanced_target > 0), computed where they are used: every warp of the main kernel
 // reads all B sequence lengths (a few hundred bytes, L2-resident after the first CTA) and derives the same split
-// of every sequence. No planner kernel, no plan buffer, and a CUDA graph replay follows the current seq_lens.
+// of every sequence. No planner kernel and no host sync, so a CUDA graph replay follows the current seq_lens; the
+// CTAs of split 0 record each sequence's first work item and split count in DecodeParams::split_table for the
+// combine, which would otherwise redo the plan in each of its (many) warps.
 //
 // The batch's keys are cut into about balanced_target chunks of equal length (about one wave of CTAs); a sequence
 // is never cut finer than sqrt(split_cost * its length) keys, where more splits would cost more in partials than
