@@ -4,7 +4,11 @@ tensors are read by logical index; CUDA graph capture refuses strict mode with a
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -186,3 +190,37 @@ def test_graph_capture_refuses_strict_mode(gen):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+STRICT_SCRIPT = textwrap.dedent(
+    """
+    import torch, mla_ext
+    q, q_pe = torch.randn(2, 4, 512), torch.randn(2, 4, 64)
+    kv, k_pe = torch.randn(2, 32, 512), torch.randn(2, 32, 64)
+    seq_lens = torch.tensor([5, -1], dtype=torch.int32)
+    try:
+        out = mla_ext.decode(q, q_pe, kv, k_pe, seq_lens=seq_lens)
+    except ValueError as error:
+        print("raised", "seq_lens" in str(error))
+    else:
+        print("finite", bool(torch.isfinite(out).all()))
+    """
+)
+
+
+@pytest.mark.parametrize("env_value, expected", [("1", "raised True"), (None, "finite True")], ids=["set", "unset"])
+def test_strict_mode_from_environment(env_value, expected):
+    """MLA_EXT_STRICT=1 at import turns strict mode on; without it a bad seq_lens is clamped."""
+    env = {k: v for k, v in os.environ.items() if k != "MLA_EXT_STRICT"}
+    if env_value is not None:
+        env["MLA_EXT_STRICT"] = env_value
+    result = subprocess.run(
+        [sys.executable, "-c", STRICT_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(mla_ext.__file__)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == expected
