@@ -51,30 +51,39 @@ def test_launch_counts_op_exists():
     assert all(isinstance(c, int) and c >= 0 for c in counts)
 
 
-# (name, make_problem options, kv_len_per_split): each runs the sm_90a kernel. Caches are NaN/inf-poisoned beyond
-# every sequence's length, so a masked V row that is not zeroed shows up as NaN.
+# (name, make_problem options, kv_len_per_split, path that must run). Caches are NaN/inf-poisoned beyond every
+# sequence's length, so a masked V row that is not zeroed shows up as NaN.
 SM90_CASES = [
-    ("dense_one_split", dict(lens=[300, 300], num_heads=128), 1024),
-    ("dense_splits_tail", dict(lens=[257, 0, 1, 130], num_heads=128, dense_slack=10), 128),
-    ("dense_fused_cache", dict(lens=[200, 77], num_heads=64, cache_layout="fused"), 64),
-    ("dense_odd_heads", dict(lens=[190, 64], num_heads=40), 128),
-    ("paged64_one_split", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 4096),
-    ("paged64_splits", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 192),
-    ("paged128_causal_mtp", dict(lens=[200, 2, 77], num_heads=16, seqlen_q=4, causal=True, page_size=128), 64),
-    ("dense_causal_heads128", dict(lens=[129, 70], num_heads=128, seqlen_q=2, causal=True), 64),
-    ("paged64_transposed_q", dict(lens=[333, 65], num_heads=128, page_size=64, q_layout="transposed"), 256),
-    ("paged64_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=128, page_size=64), None),
-    ("dense_default_split", dict(lens=[1500, 1500], num_heads=128), None),
+    ("dense_one_split", dict(lens=[300, 300], num_heads=128), 1024, SM90),
+    ("dense_splits_tail", dict(lens=[257, 0, 1, 130], num_heads=128, dense_slack=10), 128, SM90),
+    ("dense_fused_cache", dict(lens=[200, 77], num_heads=64, cache_layout="fused"), 64, SM90),
+    ("dense_odd_heads", dict(lens=[190, 64], num_heads=40), 128, SM90),
+    ("paged64_one_split", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 4096, SM90),
+    ("paged64_splits", dict(lens=[500, 64, 3, 0], num_heads=128, page_size=64), 192, SM90),
+    ("paged128_causal_mtp", dict(lens=[200, 2, 77], num_heads=16, seqlen_q=4, causal=True, page_size=128), 64, SM90),
+    ("dense_causal_heads128", dict(lens=[129, 70], num_heads=128, seqlen_q=2, causal=True), 64, SM90),
+    ("paged64_transposed_q", dict(lens=[333, 65], num_heads=128, page_size=64, q_layout="transposed"), 256, SM90),
+    ("paged64_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=128, page_size=64), None, SM90),
+    ("dense_default_split", dict(lens=[1500, 1500], num_heads=128), None, SM90),
 ]
+# Problems the sm_90a kernel leaves to the portable one.
+PORTABLE_CASES = [
+    ("paged16", dict(lens=[300, 40], num_heads=128, page_size=16), 64, PORTABLE),
+    ("split_not_64_aligned", dict(lens=[300, 40], num_heads=128), 48, PORTABLE),
+    ("few_rows", dict(lens=[300, 40], num_heads=16), 64, PORTABLE),
+]
+PATH_CASES = SM90_CASES + PORTABLE_CASES
 
 
 @requires_hopper
-@pytest.mark.parametrize("name,options,split", SM90_CASES, ids=[c[0] for c in SM90_CASES])
+@pytest.mark.parametrize("name,options,split,path", PATH_CASES, ids=[c[0] for c in PATH_CASES])
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
-def test_sm90_kernel_runs_and_matches(dtype, name, options, split, gen):
+def test_kernel_path_and_result(dtype, name, options, split, path, gen):
+    """The expected kernel runs for each of the three op spellings (and the other never), and matches float64."""
     problem = make_problem(gen, device="cuda", dtype=dtype, **options)
     (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
-    assert launched[SM90] == 3 and launched[PORTABLE] == 0, f"{name}: launches per path {launched}"
+    other = PORTABLE if path == SM90 else SM90
+    assert launched[path] == 3 and launched[other] == 0, f"{name}: launches per path {launched}"
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, name)
 
@@ -102,25 +111,6 @@ def test_sm90_deterministic(dtype, gen):
     for _ in range(3):
         again = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
-
-
-# Problems the sm_90a kernel leaves to the portable one.
-PORTABLE_CASES = [
-    ("paged16", dict(lens=[300, 40], num_heads=128, page_size=16), 64),
-    ("split_not_64_aligned", dict(lens=[300, 40], num_heads=128), 48),
-    ("few_rows", dict(lens=[300, 40], num_heads=16), 64),
-]
-
-
-@requires_hopper
-@pytest.mark.parametrize("name,options,split", PORTABLE_CASES, ids=[c[0] for c in PORTABLE_CASES])
-@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
-def test_portable_kernel_for_other_problems(dtype, name, options, split, gen):
-    problem = make_problem(gen, device="cuda", dtype=dtype, **options)
-    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
-    assert launched[PORTABLE] == 3 and launched[SM90] == 0, f"{name}: launches per path {launched}"
-    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
-    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, name)
 
 
 @requires_hopper
