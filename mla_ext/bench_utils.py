@@ -52,17 +52,18 @@ def median_us(fn: Callable[[], object], device: torch.device, repeats: int = 5, 
         fn()
     synchronize(device)
 
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) * 1e3)
-        else:
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
+    return statistics.median(time_once_us(fn, device) for _ in range(repeats))
+
+
+def time_once_us(fn: Callable[[], object], device: torch.device) -> float:
+    """Microseconds of one fn() call: CUDA events on the current stream, the wall clock on CPU."""
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) * 1e3
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e6

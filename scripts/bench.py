@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import importlib
 import importlib.metadata
@@ -202,20 +203,11 @@ class Unavailable(Exception):
 # (allocation, scheduling metadata, plans) happens in the builder, outside the timed region.
 
 
-def build_mla_ext(work, layers, sm_scale):
+def build_mla_ext(work, layers, sm_scale, with_seq_lens=False):
     outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
-
-    def run(i):
-        layer = layers[i]
-        mla_ext.decode(layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, out=outs[i])
-        return outs[i]
-
-    return run
-
-
-def build_mla_ext_seq_lens(work, layers, sm_scale):
-    outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
-    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=layers[0].cache.device)
+    seq_lens = None
+    if with_seq_lens:  # every sequence full: the same keys, only the split choice differs
+        seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=layers[0].cache.device)
 
     def run(i):
         layer = layers[i]
@@ -309,7 +301,7 @@ BUILDERS = {
     "eager": build_eager,
     "flashmla": build_flashmla,
     "flashinfer": build_flashinfer,
-    "mla_ext_seq_lens": build_mla_ext_seq_lens,
+    "mla_ext_seq_lens": functools.partial(build_mla_ext, with_seq_lens=True),
 }
 
 

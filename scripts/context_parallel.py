@@ -19,26 +19,25 @@ Timing (every sequence full length): per decode step, after warm-up, CUDA events
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-mla_ext = None  # imported in main(), after the arguments, so --help works without a built extension
-REPO = Path(__file__).resolve().parents[1]
+# Imported in main(), after the arguments, so --help works without a built extension: mla_ext, its timing helpers,
+# and the test suite's tolerances (tests/checks.py imports mla_ext).
+mla_ext = bench_utils = checks = None
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference import decode_reference  # noqa: E402  (the float64 reference; torch only)
+
 HEAD_DIM, ROPE_DIM = 512, 64
 KEY_DIM = HEAD_DIM + ROPE_DIM
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# Relative Frobenius error per sequence, as the test suite's contract tolerances.
-OUT_RTOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
-LSE_ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
 REFERENCE_HEADS = 4  # heads of the float64 check (the reference is the slow part on the CPU)
 
 
@@ -156,16 +155,13 @@ def compare(out, lse, want_out, want_lse, dtype):
     """(worst relative error of out per sequence, worst lse error where finite, empty rows exact)."""
     out, want_out = out.double().cpu(), want_out.double().cpu()
     lse, want_lse = lse.double().cpu(), want_lse.double().cpu()
-    worst = 0.0
-    for b in range(out.shape[0]):
-        norm = torch.linalg.vector_norm(want_out[b]).item()
-        diff = torch.linalg.vector_norm(out[b] - want_out[b]).item()
-        worst = max(worst, diff / norm if norm else (0.0 if diff == 0 else math.inf))
+    worst = max(checks.relative_error(out[b], want_out[b]) for b in range(out.shape[0]))
     empty = torch.isneginf(want_lse)
     exact_empty = bool(torch.isneginf(lse[empty]).all() and (out[empty] == 0).all())
     finite = ~empty
     lse_err = (lse[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0
-    ok = torch.isfinite(out).all() and exact_empty and worst <= OUT_RTOL[dtype] and lse_err <= LSE_ATOL[dtype]
+    ok = torch.isfinite(out).all() and exact_empty and worst <= checks.OUT_RTOL[dtype]
+    ok = ok and lse_err <= checks.LSE_ATOL[dtype]
     return {"out_err": worst, "lse_err": lse_err, "ok": bool(ok)}
 
 
@@ -182,32 +178,17 @@ def check_against_float64(case, result, lens, reference, dtype):
     return worst
 
 
-def load_reference():
-    spec = importlib.util.spec_from_file_location("mla_reference", REPO / "tests" / "reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.decode_reference
-
-
-def median_us(fn, device, repeats, warmup):
-    """Median microseconds of fn() over `repeats` calls after `warmup`; all ranks start each call together."""
+def median_us(fn, device, repeats, warmup, together=True):
+    """Median microseconds of fn() over `repeats` calls after `warmup`. With `together`, all ranks start each call
+    at a barrier; without, the work is this rank's alone."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) * 1e3)
-        else:
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
+        if together:
+            dist.barrier()
+        bench_utils.synchronize(device)
+        samples.append(bench_utils.time_once_us(fn, device))
     return statistics.median(samples)
 
 
@@ -235,31 +216,11 @@ def run_case(batch, heads, seqlen, args, rank, world, device, reference, seed):
         times["tp"] = median_us(lambda: head_parallel_step(case, rank, world, full), device, args.repeats, args.warmup)
     # One device over the whole cache: rank 0 times it while the others wait at the barrier.
     if rank == 0:
-        times["single"] = median_us_local(lambda: torch.ops.mla.decode_with_lse(*case.args(), seq_lens=full), device,
-                                          args.repeats, args.warmup)  # fmt: skip
+        times["single"] = median_us(lambda: torch.ops.mla.decode_with_lse(*case.args(), seq_lens=full), device,
+                                    args.repeats, args.warmup, together=False)  # fmt: skip
     dist.barrier()
     record["us"] = times
     return record
-
-
-def median_us_local(fn, device, repeats, warmup):
-    """median_us without the barrier: for work that only this rank does."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) * 1e3)
-        else:
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
 
 
 def summary_line(record):
@@ -274,14 +235,17 @@ def summary_line(record):
 
 
 def main(argv=None):
-    global mla_ext
+    global mla_ext, bench_utils, checks
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("CUDA is not available here; use --device cpu (gloo)")
+    import checks
+
     import mla_ext
+    from mla_ext import bench_utils
 
     rank, world, device = init_distributed(args.device)
-    reference = load_reference() if rank == 0 else None
+    reference = decode_reference if rank == 0 else None
     if rank == 0:
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
         print(f"context / head parallel decode on {world} x {where} ({dist.get_backend()}), {args.dtype}", flush=True)
