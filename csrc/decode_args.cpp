@@ -250,9 +250,8 @@ int64_t split_table_entries(const DecodeParams& p) {
 }
 
 int64_t partial_rows(const DecodeParams& p) {
-  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  if (p.balanced_target > 0) return static_cast<int64_t>(p.num_splits) * rows;
-  return p.num_splits > 1 ? static_cast<int64_t>(p.batch) * rows * p.num_splits : 0;
+  const bool has_partials = p.balanced_target > 0 || p.num_splits > 1;
+  return has_partials ? work_items(p) * p.seqlen_q * p.num_heads : 0;
 }
 
 bool strict_mode() {

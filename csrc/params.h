@@ -66,6 +66,12 @@ struct DecodeParams {
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
 };
 
+// Work items per block of query rows: (sequence, split) pairs, or the W items of balanced splits. The grids have
+// this many CTAs per row block, and with more than one split every item writes its own partial rows.
+inline int64_t work_items(const DecodeParams& p) {
+  return p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
+}
+
 // merge_states on flattened rows: two partial attentions over disjoint key sets, all tensors contiguous.
 struct MergeStatesParams {
   const void* out_a;   // [rows, dim], dtype T

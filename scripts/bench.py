@@ -2,6 +2,7 @@
 """Benchmark mla_ext.decode on the absorbed-MLA decode workload, next to every peer available in the same run.
 
     python3 scripts/bench.py [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
+                             [--batch 1,16] [--heads 16] [--seqlen 16384] [--kv-len-per-split N]
     python3 scripts/bench.py --ragged [--device cuda|cpu] [--heads 16,128]   (scripts/bench_ragged.py)
 
 Workload: D=512, Dpe=64, one query token, every sequence full length S, one [B, S, 576] cache per layer (latent kv
@@ -93,6 +94,9 @@ def parse_args(argv=None):
         "--peers", default=",".join(DEFAULT_PEERS), help=f"comma list of {','.join(PEERS)} (empty: none)"
     )
     parser.add_argument("--threads", type=int, help="CPU threads for both methods (default: torch's choice)")
+    parser.add_argument(
+        "--kv-len-per-split", type=int, help="fixed split size for mla_ext (default: its own choice from the shapes)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
     parser.add_argument("--ragged", action="store_true", help="instead of the grid: ragged vs uniform batches of the "
@@ -203,7 +207,7 @@ class Unavailable(Exception):
 # (allocation, scheduling metadata, plans) happens in the builder, outside the timed region.
 
 
-def build_mla_ext(work, layers, sm_scale, with_seq_lens=False):
+def build_mla_ext(work, layers, sm_scale, with_seq_lens=False, kv_len_per_split=None):
     outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
     seq_lens = None
     if with_seq_lens:  # every sequence full: the same keys, only the split choice differs
@@ -211,7 +215,10 @@ def build_mla_ext(work, layers, sm_scale, with_seq_lens=False):
 
     def run(i):
         layer = layers[i]
-        mla_ext.decode(layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, seq_lens=seq_lens, out=outs[i])
+        mla_ext.decode(
+            layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, kv_len_per_split=kv_len_per_split,
+            seq_lens=seq_lens, out=outs[i],
+        )  # fmt: skip
         return outs[i]
 
     return run
@@ -371,7 +378,7 @@ def matmul_tflops(device, size=8192):
     return 2 * size**3 / us / 1e6
 
 
-def bench_config(work, device, methods, reference, repeats, seed):
+def bench_config(work, device, methods, reference, repeats, seed, builders=BUILDERS):
     """Times every method on one workload; returns the result record (errors are recorded, not raised)."""
     num_layers = work.num_layers(device.type)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -385,7 +392,7 @@ def bench_config(work, device, methods, reference, repeats, seed):
     for name in methods:
         entry = record["methods"][name] = {}
         try:
-            us, out0 = time_method(BUILDERS[name](work, layers, sm_scale), num_layers, device, repeats)
+            us, out0 = time_method(builders[name](work, layers, sm_scale), num_layers, device, repeats)
         except Unavailable as why:
             entry["status"] = str(why)
             continue
@@ -439,6 +446,8 @@ def markdown(meta, ceilings, records, peers, device_type):
     unit, scale = flop_unit(device_type)
     lines = [f"# mla_ext decode benchmark ({meta['device']})", ""]
     lines.append(f"{meta['date']}; torch {meta['torch']}; mla_ext {meta['mla_ext']}; timing: {meta['timing']}.")
+    if "kv_len_per_split" in meta:
+        lines.append(f"mla_ext ran with kv_len_per_split = {meta['kv_len_per_split']} (fixed, not its own choice).")
     if "threads" in meta:
         lines.append(f"{meta['threads']} threads; load average {meta['load_average']:.1f} when the run started.")
     if ceilings:
@@ -633,9 +642,13 @@ def main(argv=None):
     peers = [p for p in args.peers if device.type == "cuda" or p in ("eager", "mla_ext_seq_lens")]  # CUDA-only peers
     methods = ["mla_ext", *peers]
     work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]
+    builders = dict(BUILDERS)
+    if args.kv_len_per_split:
+        builders["mla_ext"] = functools.partial(build_mla_ext, kv_len_per_split=args.kv_len_per_split)
+        meta["kv_len_per_split"] = args.kv_len_per_split
     records = []
     for index, work in enumerate(work_list, 1):
-        record = bench_config(work, device, methods, reference, args.repeats, seed=index)
+        record = bench_config(work, device, methods, reference, args.repeats, seed=index, builders=builders)
         records.append(record)
         print(progress_line(index, len(work_list), record, ceilings, device.type), flush=True)
 

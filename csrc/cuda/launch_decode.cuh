@@ -170,8 +170,7 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const detail
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   if (p.batch == 0 || rows == 0) return;
   const int64_t row_blocks = (rows + Cfg::kRowTile - 1) / Cfg::kRowTile;
-  const int64_t items = p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
-  const int64_t ctas = row_blocks * items;
+  const int64_t ctas = row_blocks * work_items(p);
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: grid too large (batch x splits x row blocks)");
   constexpr auto kernel = KernelOf<Cfg>::kernel;
   detail::ensure_shared_memory<Cfg>(kernel, d.device);

@@ -122,9 +122,7 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   if (sm90_detail::disabled_by_env() || !sm90_detail::supports(p)) return false;
   if (!sm90_detail::kernel_ready<T>(device)) return false;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  // Work items per row block: (sequence, split) pairs, or the W items of balanced splits (num_splits holds W).
-  const int64_t items = p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
-  const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * items;
+  const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);
   if (p.batch == 0 || ctas > INT_MAX) return false;
 
   CUtensorMap kv_map, k_pe_map;
