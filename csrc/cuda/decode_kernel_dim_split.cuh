@@ -226,7 +226,6 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
   cp_async_wait<0>();
 
   // ---- epilogue: each warp holds whole-row sums; write its 128 columns ----
-  const bool single_split = w.single_split;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float l = row_sum[half];
@@ -234,31 +233,9 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int r = w.row_begin + group_row0 + (lane >> 2) + half * 8;
     if (r >= w.rows) continue;
-    const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
-    const float inv = seen ? 1.f / l : 0.f;
-    const float lse = seen ? (row_max[half] + log2f(l)) * 0.6931471805599453f : kNegInf;
-    const int col0 = quarter * Cfg::kWarpCols + 2 * (lane & 3);
-    const bool writes_lse = quarter == 0 && (lane & 3) == 0;
-    if (single_split) {
-      T* out = static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r);
-#pragma unroll
-      for (int ct = 0; ct < kCT; ++ct) {
-        *reinterpret_cast<uint32_t*>(out + col0 + ct * 8) =
-            pack2<T>(acc[ct][half * 2] * inv, acc[ct][half * 2 + 1] * inv);
-      }
-      if (writes_lse) p.lse[lse_row_offset(p, w.batch_index, r)] = lse;
-    } else {
-      const int64_t prow = partial_row_index(p, w, r);
-      if (seen) {  // the combine skips -inf splits, so their partial rows are never read
-        float* out = p.out_partial + prow * kHeadDim;
-#pragma unroll
-        for (int ct = 0; ct < kCT; ++ct) {
-          *reinterpret_cast<float2*>(out + col0 + ct * 8) =
-              make_float2(acc[ct][half * 2] * inv, acc[ct][half * 2 + 1] * inv);
-        }
-      }
-      if (writes_lse) p.lse_partial[prow] = lse;
-    }
+    write_row_result<T, kCT>(p, w, r, l, row_max[half], quarter * Cfg::kWarpCols + 2 * (lane & 3),
+                             quarter == 0 && (lane & 3) == 0,
+                             [&](int ct) { return make_float2(acc[ct][half * 2], acc[ct][half * 2 + 1]); });
   }
 }
 

@@ -327,38 +327,15 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
   reduce_across_row_group<Cfg>(
       row_sum, [](float x, float y) { return x + y; }, reduce, wn, warp_row0, lane, group_barrier);
 
-  const bool single_split = w.single_split;
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = w.row_begin + warp_row0 + mi * 16 + (lane >> 2) + half * 8;
       if (r >= w.rows) continue;
-      const float l = row_sum[mi][half];
-      const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
-      const float inv = seen ? 1.f / l : 0.f;
-      const float lse = seen ? (row_max[mi][half] + log2f(l)) * 0.6931471805599453f : kNegInf;
-      const int col0 = warp_col0 + 2 * (lane & 3);
-      if (single_split) {
-        T* out = static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r);
-#pragma unroll
-        for (int ct = 0; ct < kCT; ++ct) {
-          *reinterpret_cast<uint32_t*>(out + col0 + ct * 8) =
-              pack2<T>(acc[mi][ct][half * 2] * inv, acc[mi][ct][half * 2 + 1] * inv);
-        }
-        if (wn == 0 && (lane & 3) == 0) p.lse[lse_row_offset(p, w.batch_index, r)] = lse;
-      } else {
-        const int64_t prow = partial_row_index(p, w, r);
-        if (seen) {  // the combine skips -inf splits, so their partial rows are never read
-          float* out = p.out_partial + prow * kHeadDim;
-#pragma unroll
-          for (int ct = 0; ct < kCT; ++ct) {
-            *reinterpret_cast<float2*>(out + col0 + ct * 8) =
-                make_float2(acc[mi][ct][half * 2] * inv, acc[mi][ct][half * 2 + 1] * inv);
-          }
-        }
-        if (wn == 0 && (lane & 3) == 0) p.lse_partial[prow] = lse;
-      }
+      write_row_result<T, kCT>(p, w, r, row_sum[mi][half], row_max[mi][half], warp_col0 + 2 * (lane & 3),
+                               wn == 0 && (lane & 3) == 0,
+                               [&](int ct) { return make_float2(acc[mi][ct][half * 2], acc[mi][ct][half * 2 + 1]); });
     }
   }
 }

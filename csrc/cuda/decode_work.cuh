@@ -8,6 +8,7 @@
 
 #include "../params.h"
 #include "balanced_split.cuh"
+#include "device_primitives.cuh"
 
 namespace mla::cuda {
 
@@ -128,6 +129,38 @@ __device__ __forceinline__ int64_t lse_row_offset(const DecodeParams& p, int bat
 __device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, const CtaWork& w, int row) {
   if (p.balanced_target > 0) return static_cast<int64_t>(w.slot) * w.rows + row;
   return (static_cast<int64_t>(w.batch_index) * w.rows + row) * p.num_splits + w.split;
+}
+
+// Writes one query row r from a thread's share of an mma accumulator: value pairs pair(j) (before normalisation)
+// for columns col0 + 8 j, j < kPairs; l is the row's full sum, row_max its running max (log2 domain). One split:
+// out (as T) and lse; several: the fp32 partial row (skipped when the split saw no key: the combine never reads it)
+// and its lse. writes_lse picks the one thread of the row that writes the lse.
+template <typename T, int kPairs, class Pair>
+__device__ __forceinline__ void write_row_result(const DecodeParams& p, const CtaWork& w, int r, float l, float row_max,
+                                                 int col0, bool writes_lse, Pair pair) {
+  const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
+  const float inv = seen ? 1.f / l : 0.f;
+  const float lse = seen ? (row_max + log2f(l)) * 0.6931471805599453f : -__builtin_huge_valf();
+  if (w.single_split) {
+    T* out = static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const float2 v = pair(j);
+      *reinterpret_cast<uint32_t*>(out + col0 + j * 8) = pack2<T>(v.x * inv, v.y * inv);
+    }
+    if (writes_lse) p.lse[lse_row_offset(p, w.batch_index, r)] = lse;
+  } else {
+    const int64_t prow = partial_row_index(p, w, r);
+    if (seen) {
+      float* out = p.out_partial + prow * kHeadDim;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const float2 v = pair(j);
+        *reinterpret_cast<float2*>(out + col0 + j * 8) = make_float2(v.x * inv, v.y * inv);
+      }
+    }
+    if (writes_lse) p.lse_partial[prow] = lse;
+  }
 }
 
 }  // namespace mla::cuda

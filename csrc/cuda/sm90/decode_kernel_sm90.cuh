@@ -324,36 +324,13 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
     if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
   }
   named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
-  const bool single_split = w.single_split;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = w.row_begin + warp_row + 8 * h;
     if (r >= w.rows) continue;
     const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order: deterministic
-    const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
-    const float inv = seen ? 1.f / l : 0.f;
-    const float lse = seen ? (row_max[h] + log2f(l)) * 0.6931471805599453f : kNegInf;
-    const int col0 = cw * 256 + 2 * (lane & 3);
-    if (single_split) {
-      T* out = static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r);
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<uint32_t*>(out + col0 + j * 8) =
-            pack2<T>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-      }
-      if (cw == 0 && (lane & 3) == 0) p.lse[lse_row_offset(p, w.batch_index, r)] = lse;
-    } else {
-      const int64_t prow = partial_row_index(p, w, r);
-      if (seen) {  // the combine skips -inf splits, so their partial rows are never read
-        float* out = p.out_partial + prow * kHeadDim;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          *reinterpret_cast<float2*>(out + col0 + j * 8) =
-              make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-        }
-      }
-      if (cw == 0 && (lane & 3) == 0) p.lse_partial[prow] = lse;
-    }
+    write_row_result<T, 32>(p, w, r, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
+                            [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
   }
 }
 
