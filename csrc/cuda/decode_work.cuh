@@ -124,6 +124,23 @@ __device__ __forceinline__ int64_t lse_row_offset(const DecodeParams& p, int bat
   const int head = row - token * p.num_heads;
   return batch_index * p.lse_batch_stride + token * p.lse_seq_stride + head * p.lse_head_stride;
 }
+// Global address of 16-byte chunk `chunk` of query row `row` (< rows) as one [q | q_pe] row: the latent chunks come
+// from q, the rest from q_pe.
+template <typename T>
+__device__ __forceinline__ const T* query_chunk(const DecodeParams& p, int batch_index, int row, int chunk) {
+  constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  constexpr int kLatentChunks = kHeadDim / kElemsPerChunk;
+  const int token = row / p.num_heads;
+  const int head = row - token * p.num_heads;
+  if (chunk < kLatentChunks) {
+    return static_cast<const T*>(p.q) +
+           (batch_index * p.q_batch_stride + token * p.q_seq_stride + head * p.q_head_stride) + chunk * kElemsPerChunk;
+  }
+  return static_cast<const T*>(p.q_pe) +
+         (batch_index * p.q_pe_batch_stride + token * p.q_pe_seq_stride + head * p.q_pe_head_stride) +
+         (chunk - kLatentChunks) * kElemsPerChunk;
+}
+
 // Split partials are contiguous: out_partial [B, rows, num_splits, D], lse_partial [B, rows, num_splits]; balanced
 // splits: out_partial [W, rows, D], lse_partial [W, rows] by work item.
 __device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, const CtaWork& w, int row) {

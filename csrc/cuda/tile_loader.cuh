@@ -31,25 +31,15 @@ struct RowLayout {
 template <typename T, int kRowTile, int kThreads>
 __device__ __forceinline__ void load_query_block(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
   using L = RowLayout<T>;
-  const T* q = static_cast<const T*>(p.q);
-  const T* q_pe = static_cast<const T*>(p.q_pe);
   const uint32_t base = smem_u32(q_smem);
   for (int idx = threadIdx.x; idx < kRowTile * L::kChunks; idx += kThreads) {
     const int row = idx / L::kChunks;
     const int chunk = idx - row * L::kChunks;
     const int r = w.row_begin + row;
-    const T* src = q;
-    int bytes = 0;
+    const T* src = static_cast<const T*>(p.q);
+    int bytes = 0;  // rows past S_q * H are zero-filled
     if (r < w.rows) {
-      const int token = r / p.num_heads;
-      const int head = r - token * p.num_heads;
-      if (chunk < L::kKvChunks) {
-        src = q + (w.batch_index * p.q_batch_stride + token * p.q_seq_stride + head * p.q_head_stride) +
-              chunk * L::kElemsPerChunk;
-      } else {
-        src = q_pe + (w.batch_index * p.q_pe_batch_stride + token * p.q_pe_seq_stride + head * p.q_pe_head_stride) +
-              (chunk - L::kKvChunks) * L::kElemsPerChunk;
-      }
+      src = query_chunk<T>(p, w.batch_index, r, chunk);
       bytes = 16;
     }
     cp_async_16(base + L::offset(row, chunk), src, bytes);

@@ -111,22 +111,14 @@ __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const Cta
                                                 int consumer_thread) {
   using C = Sm90Tile;
   constexpr int kChunksPerRow = (kHeadDim + kRopeDim) / 8;  // 16-byte chunks
-  constexpr int kLatentChunks = kHeadDim / 8;
-  const T* q = static_cast<const T*>(p.q);
-  const T* q_pe = static_cast<const T*>(p.q_pe);
   for (int idx = consumer_thread; idx < C::kRowTile * kChunksPerRow; idx += C::kConsumerThreads) {
     const int row = idx / kChunksPerRow;
     const int chunk = idx - row * kChunksPerRow;
     const int r = w.row_begin + row;
-    const T* src = q;
+    const T* src = static_cast<const T*>(p.q);
     int bytes = 0;
     if (r < w.rows) {
-      const int token = r / p.num_heads;
-      const int head = r - token * p.num_heads;
-      src = chunk < kLatentChunks
-                ? q + (w.batch_index * p.q_batch_stride + token * p.q_seq_stride + head * p.q_head_stride) + chunk * 8
-                : q_pe + (w.batch_index * p.q_pe_batch_stride + token * p.q_pe_seq_stride + head * p.q_pe_head_stride) +
-                      (chunk - kLatentChunks) * 8;
+      src = query_chunk<T>(p, w.batch_index, r, chunk);
       bytes = 16;
     }
     const int block = chunk >> 3;
