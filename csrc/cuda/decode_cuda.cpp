@@ -12,6 +12,7 @@
 
 #include "../build_checks.h"
 #include "../decode_ops.h"
+#include "device_info.h"
 #include "launch.h"
 
 namespace mla {
@@ -25,19 +26,6 @@ void call_launcher(const char* op, Fn&& fn) {
   } catch (const std::runtime_error& e) {
     TORCH_CHECK(false, op, ": CUDA launch failed: ", e.what());
   }
-}
-
-// SM count of the current device, read once per device (a driver query, no synchronisation).
-int current_device_sm_count() {
-  static std::array<std::atomic<int>, 64> cache{};
-  const int device = c10::cuda::current_device();
-  std::atomic<int>& slot = cache.at(static_cast<size_t>(device));
-  int count = slot.load(std::memory_order_relaxed);
-  if (count == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    slot.store(count, std::memory_order_relaxed);
-  }
-  return count;
 }
 
 // Refuses a device whose architecture this build has no kernels for, naming the compiled list and the rebuild
@@ -81,13 +69,12 @@ struct CudaBackend {
   static void set_default_split(DecodeProblem& problem) {
     const DecodeParams& p = problem.params;
     const int rows = p.seqlen_q * p.num_heads;
+    const int sm_count = cuda::current_device_info().sm_count;
     if (p.seq_lens != nullptr) {
-      const cuda::BalancedSplit split =
-          cuda::balanced_split_for(p.batch, rows, current_device_sm_count(), problem.dtype);
+      const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, sm_count, problem.dtype);
       set_balanced_split(problem, split.target, split.split_cost, split.align);
     } else {
-      set_split(problem,
-                cuda::default_kv_len_per_split(p.batch, rows, p.capacity, current_device_sm_count(), problem.dtype));
+      set_split(problem, cuda::default_kv_len_per_split(p.batch, rows, p.capacity, sm_count, problem.dtype));
     }
   }
 

@@ -16,6 +16,7 @@
 #include "decode_kernel_dim_split.cuh"
 #include "decode_kernel_key_split.cuh"
 #include "decode_kernel_simt.cuh"
+#include "device_info.h"
 #include "launch.h"
 #include "launch_counters.h"
 #include "launch_options.h"
@@ -72,45 +73,6 @@ struct KernelOf<SimtTile<kKeyTile, kStages>> {
 
 namespace detail {
 
-inline void throw_on_error(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-struct DeviceInfo {
-  int device;
-  int major;       // compute capability major
-  int smem_optin;  // largest dynamic shared memory a block may opt into
-  int sm_count;
-};
-
-// Read once per device: attribute queries are cheap but not free, and this runs on every call.
-inline DeviceInfo current_device_info() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices][3] = {};
-  int device = 0;
-  throw_on_error(cudaGetDevice(&device), "cudaGetDevice");
-  DeviceInfo info{device, 0, 0, 0};
-  if (device < kMaxDevices) {
-    info.major = cached[device][0].load(std::memory_order_relaxed);
-    info.smem_optin = cached[device][1].load(std::memory_order_relaxed);
-    info.sm_count = cached[device][2].load(std::memory_order_relaxed);
-  }
-  if (info.major == 0) {
-    throw_on_error(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device),
-                   "cudaDeviceGetAttribute(compute capability)");
-    throw_on_error(cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                   "cudaDeviceGetAttribute(max shared memory per block)");
-    throw_on_error(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device),
-                   "cudaDeviceGetAttribute(multiprocessor count)");
-    if (device < kMaxDevices) {
-      cached[device][2].store(info.sm_count, std::memory_order_relaxed);
-      cached[device][1].store(info.smem_optin, std::memory_order_relaxed);
-      cached[device][0].store(info.major, std::memory_order_relaxed);
-    }
-  }
-  return info;
-}
-
 template <class Cfg>
 bool fits(const DeviceInfo& d) {
   return Cfg::kSmemBytes <= d.smem_optin && (!Cfg::kSm90Only || d.major == 9);
@@ -166,7 +128,7 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap) {
 
 // Main kernel with configuration Cfg, then the combine when the problem has several splits.
 template <class Cfg>
-void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const detail::DeviceInfo& d) {
+void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   if (p.batch == 0 || rows == 0) return;
   const int64_t row_blocks = (rows + Cfg::kRowTile - 1) / Cfg::kRowTile;
@@ -182,7 +144,7 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const detail
 
 // Launches the first configuration that fits the device; false when none does.
 template <class Cfg, class... Fallbacks>
-bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const detail::DeviceInfo& d) {
+bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
   if (detail::fits<Cfg>(d)) {
     launch_decode_with<Cfg>(p, stream, d);
     return true;
@@ -197,7 +159,7 @@ bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const deta
 template <DType dtype>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using T = typename ElementOf<dtype>::type;
-  const detail::DeviceInfo d = detail::current_device_info();
+  const DeviceInfo d = current_device_info();
   bool launched = false;
   if constexpr (dtype == DType::kFloat32) {
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
@@ -243,7 +205,7 @@ void launch_merge_states(const MergeStatesParams& p, cudaStream_t stream) {
   const int64_t ctas = (p.rows + 3) / 4;
   if (ctas > INT_MAX) throw std::runtime_error("mla merge_states: too many rows for one launch");
   merge_states_kernel<T><<<static_cast<unsigned>(ctas), 128, 0, stream>>>(p);
-  detail::throw_on_error(cudaGetLastError(), "mla merge_states kernel launch");
+  throw_on_error(cudaGetLastError(), "mla merge_states kernel launch");
 }
 
 }  // namespace mla::cuda
