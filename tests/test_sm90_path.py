@@ -65,6 +65,9 @@ SM90_CASES = [
     ("paged64_transposed_q", dict(lens=[333, 65], num_heads=128, page_size=64, q_layout="transposed"), 256, SM90),
     ("paged64_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=128, page_size=64), None, SM90),
     ("dense_default_split", dict(lens=[1500, 1500], num_heads=128), None, SM90),
+    # Long tile chains: 16, 11, 2 and 2 tiles, partial last tiles of even (WG0) and odd (WG1) position.
+    ("dense_pairs_one_split", dict(lens=[1000, 701, 128, 65], num_heads=128), 4096, SM90),
+    ("dense_pairs_odd_splits", dict(lens=[1000, 701], num_heads=128), 192, SM90),
 ]
 # Problems the sm_90a kernel leaves to the portable one.
 PORTABLE_CASES = [
@@ -100,6 +103,21 @@ def test_sm90_invalid_pages_are_invisible(dtype, gen):
     assert launched[SM90] == 3, f"launches per path {launched}"
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, "invalid pages")
+
+
+@requires_hopper
+@pytest.mark.parametrize("split", [4096, 256], ids=["one_split", "splits"])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_invalid_pages_at_both_parities(dtype, split, gen):
+    """Skipped tiles at even and odd positions (the two consumer warpgroups own alternate tiles): first, middle,
+    adjacent, and last tiles, full and partial."""
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 640, 300], num_heads=128, page_size=64)
+    for b, page in [(0, 0), (0, 5), (0, 6), (0, 15), (1, 9), (2, 4)]:
+        problem.block_table[b, page] = -1
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
+    assert launched[SM90] == 3, f"launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, "invalid pages at both parities")
 
 
 @requires_hopper

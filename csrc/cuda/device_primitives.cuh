@@ -121,6 +121,12 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// One-way signal through a named barrier: the calling warps arrive without waiting; the barrier completes once
+// `threads` have arrived, among them the warps that wait with named_barrier(id, threads). Memory accesses before
+// the arrive are performed for the waiters when it completes. A warp must not arrive twice before that.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Programmatic dependent launch (sm_90+; no-ops elsewhere and when the launch did not ask for it). A kernel launched
 // with it may start while the previous kernel on the stream is finishing, so it must wait before touching memory.

@@ -1,17 +1,51 @@
 // Split-KV MLA decode main kernel for Hopper (sm_90a): TMA-fed KV tiles and warpgroup MMA (wgmma), fp16/bf16.
 //
-// One CTA = (sequence, block of 64 query rows, KV split), 384 threads in three warpgroups:
+// One CTA = (sequence, block of 64 query rows, KV split), 384 threads in three warpgroups (layout, barriers and
+// the epilogue in cta_tile_sm90.cuh):
 //   warpgroup 0   producer: one thread streams 64-key tiles [kv (512) | k_pe (64)] into two shared-memory stages
-//                 with the bulk tensor copy engine (a full mbarrier per 64-column block, so the score products
-//                 start on the first block; an empty mbarrier per stage); it gives its registers away.
-//   warpgroups 1-2 consumers: warpgroup c computes scores for keys [32c, 32c + 32) of the tile against all 64
-//                 rows (S_c = Q . K_c^T, K-dim 576, both operands in shared memory), the two exchange row maxima,
-//                 write P_c = exp2(S_c - m) into one 64x64 P tile, and then each accumulates output columns
-//                 [256c, 256c + 256): O_c += P . V[:, 256c:] with V = the same tile read transposed (MN-major).
-// So every FLOP is done once; each consumer holds a 64x256 fp32 accumulator (128 registers per thread). The scores
-// of tile t + 1 are issued right behind P . V of tile t; the stage is released once P . V(t) is complete.
-// Operand tiles use the 128-byte swizzle that both TMA and wgmma understand: 64-column blocks of 64 rows, 8192
-// bytes each, row r at r * 128, 16-byte chunk c at chunk c ^ (r % 8).
+//                 with the bulk tensor copy engine, a full mbarrier per 64-column block; it gives its registers
+//                 away.
+//   warpgroups 1-2 consumers, "seesaw" schedule. WG c (c = 0, 1) owns the tiles t with t % 2 == c (= its stage):
+//                 it computes their full S_t = Q . K_t^T (64 x 64, m64n64k16, both operands in shared memory), and
+//                 accumulates output columns [256c, 256c + 256) from EVERY tile: O_c += P_t . V_t[:, 256c:], V being
+//                 the tile read transposed (MN-major), so it reads V only from latent blocks [4c, 4c + 4) of a
+//                 stage ("half c"). Each holds a 64 x 256 fp32 accumulator (128 registers per thread).
+// The running row max is one chain through the tiles: the owner of tile t takes m_t = max(m_{t-1}, rowmax S_t),
+// writes P_t = exp2(S_t - m_t) over the k_pe block of the tile's own stage (only the owner reads K, and its S_t is
+// complete) and publishes m_t; both warpgroups rescale their O half and row-sum share by exp2(m_{t-1} - m_t) before
+// adding P_t . V_t, so all four stay expressed against the same max. Per pair of tiles (a even, b = a + 1):
+//   WG0: wait S_a | softmax a, signal a | O_0 += P_a V_a, free half 0 of a | wait signal b | O_0 += P_b V_b,
+//        free half 0 of b | issue S_{a+2}
+//   WG1:          wait signal a, wait S_b | O_1 += P_a V_a | softmax b, signal b | free half 1 of a |
+//        O_1 += P_b V_b, free half 1 of b | issue S_{b+2}
+// so each softmax overlaps the other warpgroup's products (S_b under softmax a, both P_a . V_a under softmax b).
+//
+// Stages are released in halves. Of a stage's nine 64-column blocks, K (all of them) is read by the owner's S only,
+// V half c (blocks 4c..4c+3) by WG c's P . V only, and block 8 holds P once S is complete, read by both P . V. So
+// half c is free once S and WG c's P . V of the tile are complete, and block 8 once both halves are. Each stage has
+// one empty mbarrier per half; the producer refills a stage in the order its owner's S walks it: the owner's half,
+// the other half, then k_pe. So tile a + 2 starts loading (half 0, 32 KB) once WG0's P_a . V_a is complete, under
+// softmax b, not only once WG1's P_a . V_a is (after softmax b). WG0 frees half 0 of b as soon as its P_b . V_b is
+// complete and before S_{a+2} waits for its blocks: holding it through that wait would queue the whole refill of
+// b + 2 behind the copies of a + 2.
+//
+// Synchronisation (phase parity of tile t: (t / 2) & 1; each mbarrier completes once per use of its stage):
+//   full[s][k]   18 mbarriers, count 1 (+ 8192 TMA bytes): the producer's arrive.expect_tx (a bare arrive for a tile
+//                whose page is not loaded). Waited by the owner (all 9 blocks, in walk order) and by the other
+//                warpgroup (its own V half only: the owner's half is re-armed once the owner frees it, which may be
+//                before the other warpgroup reaches the tile).
+//   empty[s][h]  4 mbarriers, count 4: lane 0 of each warp of WG h, once its P . V of the tile is complete (or the
+//                tile was skipped). Waited by the producer before loading half h of tile t + 2 into stage s; both
+//                before its k_pe block.
+//   ready + s    named barrier, 256 threads: the owner's 128 arrive (P_t, m_t, zeroed V rows written), the other
+//                warpgroup's 128 wait.
+//   owner + c    named barrier, 128 threads: WG c alone, between writing P_t and its own P_t . V_t.
+// No warp arrives twice in one phase: between a warp's arrivals for tiles t and t + 2 its warpgroup waits at the
+// ready barrier of t + 1 or t + 2 (a tile of the other warpgroup), which needs all four of its warps, so all have
+// arrived for t first; the owner arrives on ready + s for t + 2 only after S_{t+2}, i.e. after the other warpgroup
+// freed its half of t, after it waited on ready + s for t.
+// No deadlock: the releases of tile t wait only for copies of tiles <= t + 1 (S_{t+1} before WG1 frees half 1 of
+// t), and the producer issues those before it waits for the releases of t.
 //
 // Masks: a tile lies in one page (the launcher guarantees page_size % 64 == 0 or a dense cache, and splits that
 // start on 64-key boundaries). A tile whose page is outside [0, P) is never loaded and skipped by everyone. Keys at
@@ -28,68 +62,78 @@
 #include "../../params.h"
 #include "../decode_work.cuh"
 #include "../device_primitives.cuh"
+#include "cta_tile_sm90.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace mla::cuda::sm90 {
 
-struct Sm90Tile {
-  static constexpr int kRowTile = 64;  // query rows per CTA (one wgmma M)
-  static constexpr int kKeyTile = 64;  // keys per stage
-  static constexpr int kStages = 2;
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerThreads = 256;
-  static constexpr int kBlockCols = 64;                               // columns of one swizzled block (128 bytes)
-  static constexpr int kBlockBytes = 64 * 128;                        // 64 rows x 128 bytes
-  static constexpr int kBlocks = (kHeadDim + kRopeDim) / kBlockCols;  // 9: 8 latent + 1 rotary
-  static constexpr int kLatentBlocks = kHeadDim / kBlockCols;         // 8
-  static constexpr int kTileBytes = kBlocks * kBlockBytes;            // one [64 x 576] operand, 73728 bytes
-  static constexpr int kQOffset = 0;
-  static constexpr int kKvOffset = kQOffset + kTileBytes;
-  static constexpr int kPOffset = kKvOffset + kStages * kTileBytes;
-  static constexpr int kPBytes = kRowTile * kKeyTile * 2;
-  static constexpr int kAlign = 1024;  // the swizzle pattern repeats every 1024 bytes: tiles start aligned
-  static constexpr int kSmemBytes = kPOffset + kPBytes + kAlign;  // dynamic shared memory, with alignment slack
-  // Statically declared shared memory (barriers, row exchange). Its presence also tells the launcher that the
-  // sm_90a body was compiled (builds without sm_90a get an empty kernel with none).
-  static constexpr int kStaticSmemBytes = (kStages * kBlocks + kStages) * 8 + 4 * kRowTile * 4;
-  static constexpr int kConsumerRegs = 232;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerBarrier = 1;  // named barrier of the 256 consumer threads (0 is __syncthreads)
-
-  static_assert(kHeadDim % kBlockCols == 0 && kRopeDim == kBlockCols, "576 = 8 latent blocks + 1 rotary block");
-  static_assert(kSmemBytes + kStaticSmemBytes <= 232448, "fits Hopper's 227 KB per block");
-  static_assert(kConsumerRegs * kConsumerThreads + kProducerRegs * 128 <= 65536, "register file");
-};
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Page holding the 64-key tile that starts at `key0` (< capacity) and the tile's first row in that page; -1 when
-// the block_table entry is outside [0, P).
-__device__ __forceinline__ int tile_page(const DecodeParams& p, const CtaWork& w, int key0, int& row_in_page) {
-  const int page_in_seq = key0 / p.page_size;
-  row_in_page = key0 - page_in_seq * p.page_size;
-  const int page = p.block_table == nullptr
-                       ? w.batch_index
-                       : p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
-  return page >= 0 && page < p.num_pages ? page : -1;
+namespace detail {
+
+using C = Sm90Tile;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ bool tile_loaded(const DecodeParams& p, const CtaWork& w, int tile) {
+  int row_in_page = 0;
+  return tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page) >= 0;
 }
 
+// The value, hidden from loop-invariant code motion: recomputing what depends on it costs a few integer
+// instructions per tile, while hoisting (e.g. the 16 P store addresses) holds registers across the whole loop and
+// makes ptxas spill next to O and S.
+__device__ __forceinline__ int recomputed(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// 2^x by the special function unit alone (ex2.approx.ftz), without the scaling exp2f wraps around it for results
+// below 2^-126. Every argument here is a score or an old max minus the running max: <= 0, -inf (masked key, or no
+// key yet) or NaN (a NaN score, inf - inf). As with exp2f, -inf gives +0 and NaN gives NaN. ftz only flushes results
+// below 2^-126 to zero: such a P term is under 2^-126 of the row maximum's own term, which is exactly 1 (so the row
+// sum is >= 1), i.e. far below the 2^-24 resolution of that fp32 sum, and it moves an output row (divided by that
+// sum) by under 2^-126 * max|v|, nothing at fp32, bf16 or fp16 precision. A flushed rescale factor likewise drops an
+// old part weighing under 2^-126 * (keys so far) against the new maximum's term.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t full_barrier(uint32_t full_bar, int tile, int block) {
+  return full_bar + 8 * ((tile % C::kStages) * C::kBlocks + block);
+}
+__device__ __forceinline__ uint32_t empty_barrier(uint32_t empty_bar, int stage, int half) {
+  return empty_bar + 8 * (stage * C::kHalves + half);
+}
+__device__ __forceinline__ uint32_t phase_parity(int tile) {
+  return (tile / C::kStages) & 1;
+}
+
+// Producer (one thread): tile t into stage t % 2, block by block in its owner's walk order. Each half waits for
+// its own empty barrier (the previous tile of the stage freed by that half's warpgroup), so the owner's half of
+// tile t + 2 is in flight while the other warpgroup still reads its half of tile t; k_pe follows both. A tile
+// whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete a phase
+// ahead of a consumer still waiting on the previous one).
 __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
                                               const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
                                               uint32_t empty_bar) {
-  using C = Sm90Tile;
   prefetch_tensor_map(kv_map);
   prefetch_tensor_map(k_pe_map);
   for (int tile = 0; tile < w.num_tiles; ++tile) {
-    const int stage = tile % C::kStages;
-    const int use = tile / C::kStages;  // how often this stage was filled before
-    if (use > 0) mbarrier_wait(empty_bar + 8 * stage, (use - 1) & 1);
+    const int stage = tile % C::kStages;  // = its owner warpgroup
+    const int use = tile / C::kStages;    // how often this stage was filled before
     int row_in_page = 0;
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
     const uint32_t dst = kv_smem + stage * C::kTileBytes;
 #pragma unroll
-    for (int block = 0; block < C::kBlocks; ++block) {
+    for (int i = 0; i < C::kBlocks; ++i) {
+      if (use > 0 && i < C::kLatentBlocks && i % C::kHalfBlocks == 0) {
+        const int half = (i / C::kHalfBlocks) ^ stage;  // the owner's half first
+        mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
+      }
+      const int block = C::walk_block(stage, i);
       const uint32_t full = full_bar + 8 * (stage * C::kBlocks + block);
       if (page < 0) {
         mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
@@ -105,75 +149,207 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
   }
 }
 
-// Query rows [row_begin, +64) as [q | q_pe] in the swizzled block layout; rows past S_q * H are zero.
-template <typename T>
-__device__ __forceinline__ void load_query_tile(const DecodeParams& p, const CtaWork& w, uint32_t q_smem,
-                                                int consumer_thread) {
-  using C = Sm90Tile;
-  constexpr int kChunksPerRow = (kHeadDim + kRopeDim) / 8;  // 16-byte chunks
-  for (int idx = consumer_thread; idx < C::kRowTile * kChunksPerRow; idx += C::kConsumerThreads) {
-    const int row = idx / kChunksPerRow;
-    const int chunk = idx - row * kChunksPerRow;
-    const int r = w.row_begin + row;
-    const T* src = static_cast<const T*>(p.q);
-    int bytes = 0;
-    if (r < w.rows) {
-      src = query_chunk<T>(p, w.batch_index, r, chunk);
-      bytes = 16;
-    }
-    const int block = chunk >> 3;
-    const int c = chunk & 7;
-    cp_async_16(q_smem + block * C::kBlockBytes + row * 128 + ((c ^ (row & 7)) << 4), src, bytes);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-}
-
-// Waits for tile `tile` and issues S_c = Q . K_c^T for it into s (keys [32 cw, +32) of the tile; 9 blocks x 4 k16
-// steps, one commit group). Returns whether the tile's page was loaded; when it was not, the stage holds stale data
-// and s is garbage that the caller ignores. Issuing unconditionally keeps s written only by wgmma on every path,
-// which ptxas needs in order not to serialize the wgmma pipeline.
-template <typename T>
-__device__ __forceinline__ bool issue_scores(const DecodeParams& p, const CtaWork& w, int tile, uint32_t q_smem,
-                                             uint32_t kv_smem, uint32_t full_bar, int cw, float (&s)[16]) {
-  using C = Sm90Tile;
-  int row_in_page = 0;
-  const bool loaded = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page) >= 0;
-  const int stage = tile % C::kStages;
-  const uint32_t parity = (tile / C::kStages) & 1;
-  const uint32_t kv_stage = kv_smem + stage * C::kTileBytes;
+// Waits for the tile's blocks and issues its full S = Q . K^T into s (9 blocks x 4 k16 steps, one commit group),
+// walking the blocks in the order the producer loads them (kOwner = tile % 2: the caller owns the tile). Also
+// issued for a tile whose page was not loaded (s is then garbage and ignored): s stays written only by wgmma on
+// every path, which ptxas needs in order not to serialize the wgmma pipeline.
+template <typename T, int kOwner>
+__device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t kv_smem, uint32_t full_bar,
+                                             float (&s)[32]) {
+  const uint32_t kv_stage = kv_smem + kOwner * C::kTileBytes;
 #pragma unroll
-  for (int block = 0; block < C::kBlocks; ++block) {
+  for (int i = 0; i < C::kBlocks; ++i) {
+    const int block = C::walk_block(kOwner, i);
     // Each 64-column block has its own barrier: the products on the first blocks run while later ones arrive.
-    mbarrier_wait(full_bar + 8 * (stage * C::kBlocks + block), parity);
+    mbarrier_wait(full_barrier(full_bar, tile, block), phase_parity(tile));
     wgmma_fence();  // after the wait's branch, so the compiler need not insert one (it would serialize the wgmmas)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t desc_q = smem_descriptor(q_smem + block * C::kBlockBytes + kk * 32, 16, 1024);
-      const uint64_t desc_k = smem_descriptor(kv_stage + block * C::kBlockBytes + cw * 4096 + kk * 32, 16, 1024);
-      wgmma_m64n32k16_ss<T>(s, desc_q, desc_k, (block | kk) != 0);
+      const uint64_t desc_k = smem_descriptor(kv_stage + block * C::kBlockBytes + kk * 32, 16, 1024);
+      if (i == 0 && kk == 0) {
+        wgmma_m64n64k16_ss<T, false>(s, desc_q, desc_k);
+      } else {
+        wgmma_m64n64k16_ss<T, true>(s, desc_q, desc_k);
+      }
     }
   }
   wgmma_commit();
-  return loaded;
+}
+
+// O_c += P_t . V_t[:, 256 cw:] (4 k16 steps over the tile's keys, N = 256), P_t from the stage's P block, as one
+// commit group; none for a tile that was not loaded. (An empty group committed on that path instead makes ptxas
+// serialize the wgmmas, C7520, so the callers' waits must hold with and without this group.)
+template <typename T>
+__device__ __forceinline__ void issue_values(float (&acc)[128], int tile, bool loaded, uint32_t kv_smem, int cw) {
+  const uint32_t kv_stage = kv_smem + (tile % C::kStages) * C::kTileBytes;
+  if (loaded) {
+    fence_registers(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t desc_p = smem_descriptor(kv_stage + C::kPBlock * C::kBlockBytes + ks * 32, 16, 1024);
+      const uint64_t desc_v =
+          smem_descriptor(kv_stage + cw * C::kHalfBlocks * C::kBlockBytes + ks * 2048, C::kBlockBytes, 1024);
+      wgmma_m64n256k16_ss_tb<T>(acc, desc_p, desc_v, 1);
+    }
+    wgmma_commit();
+  }
+}
+
+// This warp is done with its V half of the tile's stage: its P . V of the tile is complete (or was skipped), and
+// so is the owner's S of it (the owner issues its P . V after its S, the other warpgroup after the owner's signal,
+// which follows S). One of the 4 arrivals the producer waits for before refilling the half.
+__device__ __forceinline__ void release_half(uint32_t empty_bar, int tile, int cw, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(empty_barrier(empty_bar, tile % C::kStages, cw));
+}
+
+__device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
+  if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= alpha[0];
+      acc[4 * j + 1] *= alpha[0];
+      acc[4 * j + 2] *= alpha[1];
+      acc[4 * j + 3] *= alpha[1];
+    }
+  }
+}
+
+// Moves the running max of this thread's two rows to m_new. alpha = exp2(m_old - m_new) rescales what was kept
+// against m_old (the row-sum share here, the O half by the caller); offset is what new scores subtract. Owner and
+// other warpgroup compute it from the same values, so their states stay consistent.
+__device__ __forceinline__ void advance_max(const float (&m_new)[2], float (&row_max)[2], float (&row_sum)[2],
+                                            float (&alpha)[2], float (&offset)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    offset[h] = m_new[h] == kNegInf ? 0.f : m_new[h];  // no key yet: keep exp2 arguments finite
+    alpha[h] = exp2_ftz(row_max[h] - offset[h]);
+    row_max[h] = m_new[h];
+    row_sum[h] *= alpha[h];
+  }
+}
+
+// Owner's online softmax of a loaded tile: new running max, P = exp2(S - m) as T into the P block (row r at r * 128,
+// key chunk c at chunk c ^ (r % 8): the layout the P . V descriptor reads), row sums. Masked scores are selected
+// (masked slots may hold NaN) again in the second pass instead of being kept: 32 registers fewer next to O and S.
+template <typename T>
+__device__ __forceinline__ void softmax_tile(const float (&s)[32], const int (&limit)[2], int tile_key0,
+                                             float scale_log2, int lane, int warp_row, uint8_t* p_block,
+                                             float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2]) {
+  const int key_base = tile_key0 + 2 * (lane & 3);
+  float m_new[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = key_base + j * 8 + e < limit[h] ? s[4 * j + 2 * h + e] * scale_log2 : kNegInf;
+        m_new[h] = fmaxf(m_new[h], v);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffffu, m_new[h], 1));
+    m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffffu, m_new[h], 2));
+    m_new[h] = fmaxf(row_max[h], m_new[h]);
+  }
+  float offset[2];
+  advance_max(m_new, row_max, row_sum, alpha, offset);
+  // Row warp_row + 8 h at (warp_row + 8 h) * 128; both rows have the same r % 8, so the same chunk swizzle.
+  uint8_t* p_rows = p_block + recomputed(warp_row * 128 + (lane & 3) * 4);
+  const int swizzle = recomputed(warp_row & 7);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float pe[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = key_base + j * 8 + e < limit[h] ? s[4 * j + 2 * h + e] * scale_log2 : kNegInf;
+        pe[e] = exp2_ftz(v - offset[h]);
+      }
+      row_sum[h] += pe[0] + pe[1];
+      *reinterpret_cast<uint32_t*>(p_rows + h * 1024 + ((j ^ swizzle) << 4)) = pack2<T>(pe[0], pe[1]);
+    }
+  }
+}
+
+// Keys past key_end can only be in the last tile; their V rows may hold NaN (0 * NaN = NaN). The owner zeroes them
+// in all 512 columns: its S is complete, and the other warpgroup reads V only after the owner's signal.
+__device__ __forceinline__ void zero_hidden_values(uint8_t* stage_ptr, int visible, int tid) {
+  for (int idx = tid; idx < (C::kKeyTile - visible) * C::kLatentBlocks * 8; idx += 128) {
+    const int row = visible + (idx >> 6);
+    const int block = (idx >> 3) & 7;
+    *reinterpret_cast<uint4*>(stage_ptr + block * C::kBlockBytes + row * 128 + (idx & 7) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Owner's step once S_t is complete: softmax into the P block, publish m_t, signal the other warpgroup.
+template <typename T>
+__device__ __forceinline__ void own_tile(const CtaWork& w, int tile, bool loaded, const float (&s)[32],
+                                         const int (&limit)[2], float scale_log2, uint8_t* smem, int tid, int lane,
+                                         int warp_row, float (*published)[64], float (&row_max)[2], float (&row_sum)[2],
+                                         float (&alpha)[2]) {
+  alpha[0] = alpha[1] = 1.f;
+  const int owner = tile % C::kStages;
+  if (loaded) {
+    uint8_t* stage_ptr = smem + C::kKvOffset + owner * C::kTileBytes;
+    const int tile_key0 = w.key_begin + tile * C::kKeyTile;
+    softmax_tile<T>(s, limit, tile_key0, scale_log2, lane, warp_row, stage_ptr + C::kPBlock * C::kBlockBytes, row_max,
+                    row_sum, alpha);
+    const int visible = w.key_end - tile_key0;
+    if (visible < C::kKeyTile) zero_hidden_values(stage_ptr, visible, recomputed(tid));
+  }
+  if ((lane & 3) == 0) {
+    published[owner][warp_row] = row_max[0];
+    published[owner][warp_row + 8] = row_max[1];
+  }
+  fence_proxy_async();  // P and the zeroed V rows are read by wgmma next (both warpgroups)
+  named_barrier_arrive(C::kReadyBarrier + owner, C::kConsumerThreads);
+  // This warpgroup's own P . V reads what all four of its warps wrote.
+  if (loaded) named_barrier(C::kOwnerBarrier + owner, C::kConsumerThreads / 2);
+}
+
+// The other warpgroup's step on tile t: wait for the owner's signal and take over its running max.
+template <int kWarpgroup>
+__device__ __forceinline__ void other_tile(int tile, bool loaded, uint32_t full_bar, int warp_row,
+                                           float (*published)[64], float (&row_max)[2], float (&row_sum)[2],
+                                           float (&alpha)[2]) {
+  const int owner = tile % C::kStages;
+  named_barrier(C::kReadyBarrier + owner, C::kConsumerThreads);
+  alpha[0] = alpha[1] = 1.f;
+  if (loaded) {
+    const float m_new[2] = {published[owner][warp_row], published[owner][warp_row + 8]};
+    float offset[2];
+    advance_max(m_new, row_max, row_sum, alpha, offset);
+  }
+  // The owner waited for all of the tile's copies before its S; this warpgroup reads its V half too, so it observes
+  // those phases (complete by now: the half is not refilled before this warpgroup frees it). Not the owner's half:
+  // the owner may have freed it already and the producer re-armed its barriers for tile t + 2.
+#pragma unroll
+  for (int j = 0; j < C::kHalfBlocks; ++j) {
+    mbarrier_wait(full_barrier(full_bar, tile, kWarpgroup * C::kHalfBlocks + j), phase_parity(tile));
+  }
 }
 
 template <typename T>
 __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWork& w, uint8_t* smem, uint32_t base,
-                                              uint32_t full_bar, uint32_t empty_bar, float (*red_max)[64],
+                                              uint32_t full_bar, uint32_t empty_bar, float (*published)[64],
                                               float (*red_sum)[64]) {
-  using C = Sm90Tile;
-  constexpr float kNegInf = -__builtin_huge_valf();
   const int consumer_thread = static_cast<int>(threadIdx.x) - 128;
-  const int cw = consumer_thread >> 7;  // consumer warpgroup: keys [32 cw, +32) of S, columns [256 cw, +256) of O
+  const int cw = consumer_thread >> 7;  // owns tiles t % 2 == cw; output columns [256 cw, +256) = V half cw
   const int tid = consumer_thread & 127;
   const int lane = tid & 31;
   const int warp_row = (tid >> 5) * 16 + (lane >> 2);  // accumulator rows warp_row and warp_row + 8
   const uint32_t q_smem = base + C::kQOffset;
   const uint32_t kv_smem = base + C::kKvOffset;
-  const uint32_t p_smem = base + C::kPOffset;
-  uint8_t* p_ptr = smem + C::kPOffset;
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+  const int n = w.num_tiles;
 
   // Keys a row may see in this CTA: [key_begin, limit). Padding rows see none.
   int limit[2];
@@ -186,145 +362,85 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  float row_max[2] = {kNegInf, kNegInf};  // running max, log2 domain (scaled)
-  float row_sum[2] = {0.f, 0.f};          // this thread's share of the denominator (its keys of each tile)
+  fence_registers(acc);  // zeroed here, not sunk between an S issue and its wait (ptxas would serialize, C7515)
+  float row_max[2] = {kNegInf, kNegInf};  // running max, log2 domain (scaled); the same in both warpgroups
+  float row_sum[2] = {0.f, 0.f};          // this thread's share of the denominator (its keys of its own tiles)
+  float alpha[2];
 
-  if (w.num_tiles > 0) {
+  if (n > 0) {
     load_query_tile<T>(p, w, q_smem, consumer_thread);
     fence_proxy_async();  // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
     named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
   }
 
-  // Software pipeline: S(t + 1) is issued right behind P(t) . V, so the tensor cores go from one product to the
-  // next without waiting for this warpgroup's barriers; PV(t) completes (and frees stage t) while S(t + 1) runs.
-  float s[16];
-  bool loaded = w.num_tiles > 0 && issue_scores<T>(p, w, 0, q_smem, kv_smem, full_bar, cw, s);
-  for (int tile = 0; tile < w.num_tiles; ++tile) {
-    const int stage = tile % C::kStages;
-    const int tile_key0 = w.key_begin + tile * C::kKeyTile;
-    wgmma_wait<0>();  // S(tile) (and everything before it) complete
-    fence_registers(s);
-    if (loaded) {
-      // ---- mask, scale, row max over both warpgroups' keys ----
-      float tile_max[2] = {kNegInf, kNegInf};
-      float sc[16];  // masked, scaled scores (s itself is written only by wgmma)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = tile_key0 + cw * 32 + j * 8 + 2 * (lane & 3) + e;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& v = sc[4 * j + 2 * h + e];
-            v = key < limit[h] ? s[4 * j + 2 * h + e] * scale_log2 : kNegInf;  // select: masked slots may hold NaN
-            tile_max[h] = fmaxf(tile_max[h], v);
-          }
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        if ((lane & 3) == 0) red_max[cw][warp_row + 8 * h] = tile_max[h];
-      }
-      // Also: both S products have read this stage, and both P . V of the previous tile are complete.
-      named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
-
-      // ---- online softmax; P_c (as T) into the shared P tile ----
-      float alpha[2];
-      float offset[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp_row + 8 * h;
-        const float m_new = fmaxf(row_max[h], fmaxf(red_max[0][r], red_max[1][r]));
-        offset[h] = m_new == kNegInf ? 0.f : m_new;  // no key yet: keep exp2 arguments finite
-        alpha[h] = exp2f(row_max[h] - offset[h]);
-        row_max[h] = m_new;
-        row_sum[h] *= alpha[h];
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int key_local = cw * 32 + j * 8 + 2 * (lane & 3);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(sc[4 * j + 2 * h] - offset[h]);
-          const float p1 = exp2f(sc[4 * j + 2 * h + 1] - offset[h]);
-          row_sum[h] += p0 + p1;
-          const int r = warp_row + 8 * h;
-          *reinterpret_cast<uint32_t*>(p_ptr + r * 128 + (((key_local >> 3) ^ (r & 7)) << 4) + (key_local & 7) * 2) =
-              pack2<T>(p0, p1);
-        }
-      }
-
-      // Keys past key_end can only be in the last tile; their V rows may hold NaN (0 * NaN = NaN): zero the rows
-      // of this warpgroup's column blocks. Both S products are done (barrier above), so K may be overwritten.
-      const int visible = w.key_end - tile_key0;
-      if (visible < C::kKeyTile) {
-        uint8_t* stage_ptr = smem + C::kKvOffset + stage * C::kTileBytes;
-        for (int idx = tid; idx < (C::kKeyTile - visible) * 32; idx += 128) {
-          const int row = visible + (idx >> 5);
-          const int block = cw * 4 + ((idx >> 3) & 3);
-          *reinterpret_cast<uint4*>(stage_ptr + block * C::kBlockBytes + row * 128 + (idx & 7) * 16) =
-              make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-
-      if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          acc[4 * j] *= alpha[0];
-          acc[4 * j + 1] *= alpha[0];
-          acc[4 * j + 2] *= alpha[1];
-          acc[4 * j + 3] *= alpha[1];
-        }
-      }
-      fence_proxy_async();  // P and the zeroed V rows are read by wgmma next
-      named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
-
-      // ---- O_c += P . V_c: 4 k16 steps over the tile's keys, N = 256 columns ----
-      const uint32_t kv_stage = kv_smem + stage * C::kTileBytes;
-      fence_registers(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint64_t desc_p = smem_descriptor(p_smem + ks * 32, 16, 1024);
-        const uint64_t desc_v = smem_descriptor(kv_stage + cw * 4 * C::kBlockBytes + ks * 2048, C::kBlockBytes, 1024);
-        wgmma_m64n256k16_ss_tb<T>(acc, desc_p, desc_v, 1);
-      }
-      wgmma_commit();
-    }
-    // S(tile + 1) into s (this tile's scores are consumed), queued behind P . V.
-    bool next_loaded = false;
-    if (tile + 1 < w.num_tiles) {
-      next_loaded = issue_scores<T>(p, w, tile + 1, q_smem, kv_smem, full_bar, cw, s);
-      wgmma_wait<1>();  // P . V(tile) complete; S(tile + 1) may still run
-    } else {
+  // Every wgmma wait below is wait<0>, and at each one the group it is for is the last one issued, so the waits hold
+  // whether or not a P . V group was issued for a skipped tile.
+  float s[32];
+  if (cw == 0) {
+    // WG0: even tiles. Only S(a) is in flight at the top of a pair: P . V(a - 1) completed before S(a) was issued.
+    if (n > 0) issue_scores<T, 0>(0, q_smem, kv_smem, full_bar, s);
+    for (int a = 0; a < n; a += 2) {
+      const bool loaded_a = tile_loaded(p, w, a);
+      const bool loaded_b = a + 1 < n && tile_loaded(p, w, a + 1);
+      wgmma_wait<0>();  // S(a)
+      fence_registers(s);
+      own_tile<T>(w, a, loaded_a, s, limit, scale_log2, smem, tid, lane, warp_row, published, row_max, row_sum, alpha);
+      rescale(acc, alpha);
+      issue_values<T>(acc, a, loaded_a, kv_smem, 0);
+      if (a + 1 == n) break;
+      // P . V(a), then free half 0 of stage 0 before waiting for WG1's softmax: tile a + 2 starts loading under it.
       wgmma_wait<0>();
+      fence_registers(acc);
+      release_half(empty_bar, a, 0, lane);
+      other_tile<0>(a + 1, loaded_b, full_bar, warp_row, published, row_max, row_sum, alpha);
+      rescale(acc, alpha);
+      issue_values<T>(acc, a + 1, loaded_b, kv_smem, 0);
+      // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
+      // wait for a + 2's copies. (WG1's P . V(b) keeps the tensor cores busy meanwhile, and S(a + 2) starts on the
+      // half requested under softmax b.)
+      wgmma_wait<0>();
+      fence_registers(acc);
+      release_half(empty_bar, a + 1, 0, lane);
+      if (a + 2 < n) issue_scores<T, 0>(a + 2, q_smem, kv_smem, full_bar, s);
     }
-    fence_registers(acc);
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty_bar + 8 * stage);  // this warp is done with the stage
-    loaded = next_loaded;
+  } else {
+    // WG1: odd tiles. At the top of a pair only S(b) can be in flight: P . V(b - 2) completed before S(b) was
+    // issued.
+    if (n > 1) issue_scores<T, 1>(1, q_smem, kv_smem, full_bar, s);
+    for (int a = 0; a < n; a += 2) {
+      const bool loaded_a = tile_loaded(p, w, a);
+      const bool loaded_b = a + 1 < n && tile_loaded(p, w, a + 1);
+      other_tile<1>(a, loaded_a, full_bar, warp_row, published, row_max, row_sum, alpha);
+      // S(b): P . V(a) would run behind it anyway (one warpgroup's wgmmas complete in order)
+      wgmma_wait<0>();
+      fence_registers(s);
+      fence_registers(acc);
+      rescale(acc, alpha);
+      issue_values<T>(acc, a, loaded_a, kv_smem, 1);
+      if (a + 1 == n) break;
+      own_tile<T>(w, a + 1, loaded_b, s, limit, scale_log2, smem, tid, lane, warp_row, published, row_max, row_sum,
+                  alpha);
+      wgmma_wait<0>();  // P . V(a)
+      fence_registers(acc);
+      release_half(empty_bar, a, 1, lane);
+      rescale(acc, alpha);
+      issue_values<T>(acc, a + 1, loaded_b, kv_smem, 1);
+      // S(b + 2) reads the stage of b: half 1 of it cannot be refilled before this warpgroup's P . V(b) is complete.
+      wgmma_wait<0>();
+      fence_registers(acc);
+      release_half(empty_bar, a + 1, 1, lane);
+      if (a + 3 < n) issue_scores<T, 1>(a + 3, q_smem, kv_smem, full_bar, s);
+    }
   }
   wgmma_wait<0>();
+  fence_registers(acc);
+  // After an odd count both warpgroups left the loop before freeing their half of the last tile (n - 1, even).
+  if (n & 1) release_half(empty_bar, n - 1, cw, lane);
 
-  // ---- epilogue: full row sums, normalise, write out/lse (one split) or fp32 partials ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
-  }
-  named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = w.row_begin + warp_row + 8 * h;
-    if (r >= w.rows) continue;
-    const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order: deterministic
-    write_row_result<T, 32>(p, w, r, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
-                            [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
-  }
+  write_rows<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane);
 }
+
+}  // namespace detail
 
 #endif  // sm_90a
 
@@ -334,9 +450,9 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
                        const __grid_constant__ CUtensorMap k_pe_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Tile;
-  __shared__ __align__(8) uint64_t barriers[C::kStages * C::kBlocks + C::kStages];  // full[stage][block], empty[stage]
-  __shared__ float red_max[2][64];  // [consumer warpgroup][row]: tile row maxima
-  __shared__ float red_sum[2][64];  // [consumer warpgroup][row]: final row sums
+  __shared__ __align__(8) uint64_t barriers[C::kBarriers];  // full[stage][block], empty[stage][half]
+  __shared__ float published[2][64];  // [owner warpgroup][row]: running max after the owner's latest tile
+  __shared__ float red_sum[2][64];    // [consumer warpgroup][row]: final row-sum shares
   extern __shared__ __align__(1024) uint8_t dynamic_smem[];
   const uint32_t raw = smem_u32(dynamic_smem);
   const uint32_t base = (raw + C::kAlign - 1) & ~static_cast<uint32_t>(C::kAlign - 1);
@@ -350,17 +466,17 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int b = 0; b < C::kStages * C::kBlocks; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)
-    for (int s = 0; s < C::kStages; ++s) mbarrier_init(empty_bar + 8 * s, C::kConsumerThreads / 32);  // per warp
+    for (int b = 0; b < C::kStages * C::kHalves; ++b) mbarrier_init(empty_bar + 8 * b, C::kHalfWarps);  // per warp
     fence_barrier_init();
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x == 0) produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
+    if (threadIdx.x == 0) detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    consume_tiles<T>(p, w, smem, base, full_bar, empty_bar, red_max, red_sum);
+    detail::consume_tiles<T>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
   }
 #endif
 }

@@ -60,25 +60,34 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 
 // Each instruction's asm is written once, in a macro taking its operand types ("bf16.bf16" or "f16.f16").
 
-// D(64x32, fp32) (+)= A(64x16, K-major smem) . B(32x16, K-major smem)^T. accumulate = 0 overwrites D.
-#define MLA_WGMMA_M64N32K16_SS(TYPES)                                                                               \
-  asm volatile(                                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                                  \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPES                                                           \
-      " {"                                                                                                          \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                        \
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                                            \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                    \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+// D(64x64, fp32) (+)= A(64x16, K-major smem) . B(64x16, K-major smem)^T. SCALE_D "0" overwrites D; OUT "=f" then
+// declares D's old value dead (write-only operands), so D holds no registers between its last read and the first
+// product of the next tile. SCALE_D "1" with OUT "+f" accumulates.
+#define MLA_WGMMA_M64N64K16_SS(TYPES, SCALE_D, OUT)                                                                 \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES                                                  \
+               " {"                                                                                                 \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                     \
+               "}, %32, %33, " SCALE_D ", 1, 1, 0, 0;\n"                                                            \
+               : OUT(d[0]), OUT(d[1]), OUT(d[2]), OUT(d[3]), OUT(d[4]), OUT(d[5]), OUT(d[6]), OUT(d[7]), OUT(d[8]), \
+                 OUT(d[9]), OUT(d[10]), OUT(d[11]), OUT(d[12]), OUT(d[13]), OUT(d[14]), OUT(d[15]), OUT(d[16]),     \
+                 OUT(d[17]), OUT(d[18]), OUT(d[19]), OUT(d[20]), OUT(d[21]), OUT(d[22]), OUT(d[23]), OUT(d[24]),    \
+                 OUT(d[25]), OUT(d[26]), OUT(d[27]), OUT(d[28]), OUT(d[29]), OUT(d[30]), OUT(d[31])                 \
+               : "l"(desc_a), "l"(desc_b))
 
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    MLA_WGMMA_M64N32K16_SS("bf16.bf16");
+template <typename T, bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "wgmma wrappers take __nv_bfloat16 or __half");
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kBf16 && kAccumulate) {
+    MLA_WGMMA_M64N64K16_SS("bf16.bf16", "1", "+f");
+  } else if constexpr (kBf16) {
+    MLA_WGMMA_M64N64K16_SS("bf16.bf16", "0", "=f");
+  } else if constexpr (kAccumulate) {
+    MLA_WGMMA_M64N64K16_SS("f16.f16", "1", "+f");
   } else {
-    static_assert(std::is_same_v<T, __half>, "wgmma wrappers take __nv_bfloat16 or __half");
-    MLA_WGMMA_M64N32K16_SS("f16.f16");
+    MLA_WGMMA_M64N64K16_SS("f16.f16", "0", "=f");
   }
 }
 
@@ -129,6 +138,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t
 }
 
 #undef MLA_WGMMA_M64N256K16_SS_TB
-#undef MLA_WGMMA_M64N32K16_SS
+#undef MLA_WGMMA_M64N64K16_SS
 
 }  // namespace mla::cuda::sm90

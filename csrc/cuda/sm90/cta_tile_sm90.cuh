@@ -1,0 +1,131 @@
+// The sm_90a decode kernel's CTA tile (decode_kernel_sm90.cuh): its shared-memory layout, barriers and register
+// split, and the pieces around the tile loop: the page lookup, the query tile load and the epilogue that writes
+// out / lse or the fp32 split partials.
+//
+// Operand tiles use the 128-byte swizzle that both TMA and wgmma understand: 64-column blocks of 64 rows, 8192
+// bytes each, row r at r * 128, 16-byte chunk c at chunk c ^ (r % 8).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../../params.h"
+#include "../decode_work.cuh"
+#include "../device_primitives.cuh"
+
+namespace mla::cuda::sm90 {
+
+struct Sm90Tile {
+  static constexpr int kRowTile = 64;  // query rows per CTA (one wgmma M)
+  static constexpr int kKeyTile = 64;  // keys per stage
+  static constexpr int kStages = 2;    // even tiles in stage 0 (consumer warpgroup 0's), odd ones in stage 1
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kBlockCols = 64;                               // columns of one swizzled block (128 bytes)
+  static constexpr int kBlockBytes = 64 * 128;                        // 64 rows x 128 bytes
+  static constexpr int kBlocks = (kHeadDim + kRopeDim) / kBlockCols;  // 9: 8 latent + 1 rotary
+  static constexpr int kLatentBlocks = kHeadDim / kBlockCols;         // 8
+  static constexpr int kTileBytes = kBlocks * kBlockBytes;            // one [64 x 576] operand, 73728 bytes
+  static constexpr int kPBlock = kLatentBlocks;  // a tile's P lives in its stage's k_pe block once its S is complete
+  static constexpr int kHalves = 2;              // V halves of a stage, one per consumer warpgroup
+  static constexpr int kHalfBlocks = kLatentBlocks / kHalves;         // half c = latent blocks [4c, 4c + 4)
+  static constexpr int kHalfWarps = kConsumerThreads / kHalves / 32;  // a warpgroup's warps: empty barrier count
+  // Dynamic shared memory: Q and the two KV stages, with alignment slack.
+  static constexpr int kQOffset = 0;
+  static constexpr int kKvOffset = kQOffset + kTileBytes;
+  static constexpr int kAlign = 1024;  // the swizzle pattern repeats every 1024 bytes: tiles start aligned
+  static constexpr int kSmemBytes = kKvOffset + kStages * kTileBytes + kAlign;
+  // mbarriers: full[stage][block], then empty[stage][half].
+  static constexpr int kBarriers = kStages * kBlocks + kStages * kHalves;
+  // Statically declared shared memory: barriers, published row maxima, row sums. Its presence also tells the
+  // launcher that the sm_90a body was compiled (builds without sm_90a get an empty kernel with none).
+  static constexpr int kStaticSmemBytes = kBarriers * 8 + 4 * kRowTile * 4;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+  // Named barriers (0 is __syncthreads). kConsumerBarrier: the 256 consumer threads. kReadyBarrier + t % 2: one-way
+  // signal "P_t and m_t are in shared memory" from the owner of tile t to the other warpgroup (256 threads).
+  // kOwnerBarrier + c: warpgroup c alone (128 threads), between writing P (and zeroing V rows) and its own P . V.
+  static constexpr int kConsumerBarrier = 1;
+  static constexpr int kReadyBarrier = 2;
+  static constexpr int kOwnerBarrier = 4;
+
+  // The i-th block of a stage whose tiles warpgroup `owner` owns, in the order the producer loads it and the
+  // owner's S reads it: the owner's V half (freed first), the other half, then k_pe (free once both halves are).
+  static constexpr int walk_block(int owner, int i) {
+    return i < kLatentBlocks ? ((i / kHalfBlocks) ^ owner) * kHalfBlocks + i % kHalfBlocks : i;
+  }
+
+  static_assert(kHeadDim % kBlockCols == 0 && kRopeDim == kBlockCols, "576 = 8 latent blocks + 1 rotary block");
+  static_assert(kStages == 2 && kHalves == 2, "tiles go in pairs, one per consumer warpgroup");
+  static_assert(kPBlock + 1 == kBlocks, "8 latent blocks, then k_pe");
+  static_assert(kSmemBytes + kStaticSmemBytes <= 232448, "fits Hopper's 227 KB per block");
+  static_assert(kConsumerRegs * kConsumerThreads + kProducerRegs * 128 <= 65536, "register file");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Page holding the 64-key tile that starts at `key0` (< capacity) and the tile's first row in that page; -1 when
+// the block_table entry is outside [0, P).
+__device__ __forceinline__ int tile_page(const DecodeParams& p, const CtaWork& w, int key0, int& row_in_page) {
+  const int page_in_seq = key0 / p.page_size;
+  row_in_page = key0 - page_in_seq * p.page_size;
+  const int page = p.block_table == nullptr
+                       ? w.batch_index
+                       : p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+  return page >= 0 && page < p.num_pages ? page : -1;
+}
+
+// Query rows [row_begin, +64) as [q | q_pe] in the swizzled block layout; rows past S_q * H are zero.
+template <typename T>
+__device__ __forceinline__ void load_query_tile(const DecodeParams& p, const CtaWork& w, uint32_t q_smem,
+                                                int consumer_thread) {
+  using C = Sm90Tile;
+  constexpr int kChunksPerRow = (kHeadDim + kRopeDim) / 8;  // 16-byte chunks
+  for (int idx = consumer_thread; idx < C::kRowTile * kChunksPerRow; idx += C::kConsumerThreads) {
+    const int row = idx / kChunksPerRow;
+    const int chunk = idx - row * kChunksPerRow;
+    const int r = w.row_begin + row;
+    const T* src = static_cast<const T*>(p.q);
+    int bytes = 0;
+    if (r < w.rows) {
+      src = query_chunk<T>(p, w.batch_index, r, chunk);
+      bytes = 16;
+    }
+    const int block = chunk >> 3;
+    const int c = chunk & 7;
+    cp_async_16(q_smem + block * C::kBlockBytes + row * 128 + ((c ^ (row & 7)) << 4), src, bytes);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+}
+
+// Epilogue. Consumer warpgroup cw holds output columns [256 cw, +256) of rows warp_row and warp_row + 8 (acc,
+// against row_max) and its share of the row sums; the shares are added in a fixed order (deterministic), then each
+// row is written as out + lse (one split) or fp32 partials.
+template <typename T>
+__device__ __forceinline__ void write_rows(const DecodeParams& p, const CtaWork& w, const float (&acc)[128],
+                                           const float (&row_max)[2], float (&row_sum)[2], float (*red_sum)[64], int cw,
+                                           int warp_row, int lane) {
+  using C = Sm90Tile;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
+  }
+  named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = w.row_begin + warp_row + 8 * h;
+    if (r >= w.rows) continue;
+    const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order: deterministic
+    write_row_result<T, 32>(p, w, r, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
+                            [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
+  }
+}
+
+#endif  // sm_90a
+
+}  // namespace mla::cuda::sm90
