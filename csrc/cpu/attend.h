@@ -37,6 +37,20 @@ constexpr double kLn2Double = 0.6931471805599453;
 // Read in place of a key that is not visible (page outside [0, P), or padding), so its cache slot is never read.
 alignas(64) inline constexpr float kZeroKey[kKeyDim] = {};
 
+// Element offsets of query row `row` (= t * H + h, t the query token) of sequence b in the tensors read or
+// written per row.
+struct RowOffsets {
+  int64_t q, q_pe, out, lse;
+};
+MLA_CPU_INLINE RowOffsets row_offsets(const DecodeParams& p, int64_t b, int row) {
+  const int t = row / p.num_heads;
+  const int h = row - t * p.num_heads;
+  return {b * p.q_batch_stride + t * p.q_seq_stride + h * p.q_head_stride,
+          b * p.q_pe_batch_stride + t * p.q_pe_seq_stride + h * p.q_pe_head_stride,
+          b * p.out_batch_stride + t * p.out_seq_stride + h * p.out_head_stride,
+          b * p.lse_batch_stride + t * p.lse_seq_stride + h * p.lse_head_stride};
+}
+
 struct TaskSpec {
   int batch_index;
   int row_begin;  // first query row (r = t * H + h) of the block
@@ -214,16 +228,14 @@ MLA_CPU_INLINE void write_rows(const DecodeParams& p, const TaskSpec& task, cons
       if (!empty) Fp32IO::from_float<W>(acc, 1.0f / sum, p.out_partial + entry * kHeadDim, kHeadDim);
       continue;
     }
-    const int t = row / p.num_heads;
-    const int h = row - t * p.num_heads;
-    Elem* out = static_cast<Elem*>(p.out) + task.batch_index * p.out_batch_stride + t * p.out_seq_stride +
-                h * p.out_head_stride;
+    const RowOffsets at = row_offsets(p, task.batch_index, row);
+    Elem* out = static_cast<Elem*>(p.out) + at.out;
     if (empty) {
       std::memset(out, 0, sizeof(Elem) * kHeadDim);
     } else {
       IO::template from_float<W>(acc, 1.0f / sum, out, kHeadDim);
     }
-    p.lse[task.batch_index * p.lse_batch_stride + t * p.lse_seq_stride + h * p.lse_head_stride] = lse;
+    p.lse[at.lse] = lse;
   }
 }
 

@@ -177,12 +177,11 @@ void combine_splits(const DecodeParams& p) {
     for (int64_t entry = begin; entry < end; ++entry) {
       const int b = static_cast<int>(entry / rows_per_seq);
       const int row = static_cast<int>(entry - static_cast<int64_t>(b) * rows_per_seq);
-      const int t = row / p.num_heads;
-      const int h = row - t * p.num_heads;
       const float* lse_split = p.lse_partial + entry * num_splits;
       const float* out_split = p.out_partial + entry * num_splits * kHeadDim;
-      Elem* out = static_cast<Elem*>(p.out) + b * p.out_batch_stride + t * p.out_seq_stride + h * p.out_head_stride;
-      float& lse = p.lse[b * p.lse_batch_stride + t * p.lse_seq_stride + h * p.lse_head_stride];
+      const RowOffsets at = row_offsets(p, b, row);
+      Elem* out = static_cast<Elem*>(p.out) + at.out;
+      float& lse = p.lse[at.lse];
       float max_lse = minus_inf;
       bool nan = false;  // a split that saw a non-finite key makes the row NaN, as in the reference
       for (int s = 0; s < num_splits; ++s) {

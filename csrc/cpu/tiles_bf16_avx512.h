@@ -196,31 +196,18 @@ struct Bf16DotPolicy {
     if (dot_form) {
       uint16_t* q_rows = static_cast<uint16_t*>(s.q_packed);
       for (int r = 0; r < task.row_count; ++r) {
-        const int row = task.row_begin + r;
-        const int t = row / p.num_heads;
-        const int h = row - t * p.num_heads;
-        std::memcpy(q_rows + r * kKeyDim,
-                    static_cast<const uint16_t*>(p.q) + task.batch_index * p.q_batch_stride + t * p.q_seq_stride +
-                        h * p.q_head_stride,
-                    sizeof(uint16_t) * kHeadDim);
-        std::memcpy(q_rows + r * kKeyDim + kHeadDim,
-                    static_cast<const uint16_t*>(p.q_pe) + task.batch_index * p.q_pe_batch_stride +
-                        t * p.q_pe_seq_stride + h * p.q_pe_head_stride,
+        const RowOffsets at = row_offsets(p, task.batch_index, task.row_begin + r);
+        std::memcpy(q_rows + r * kKeyDim, static_cast<const uint16_t*>(p.q) + at.q, sizeof(uint16_t) * kHeadDim);
+        std::memcpy(q_rows + r * kKeyDim + kHeadDim, static_cast<const uint16_t*>(p.q_pe) + at.q_pe,
                     sizeof(uint16_t) * kRopeDim);
       }
       return;
     }
     alignas(64) uint32_t row_buf[kKeyDim / 2];
     for (int r = 0; r < task.row_count; ++r) {
-      const int row = task.row_begin + r;
-      const int t = row / p.num_heads;
-      const int h = row - t * p.num_heads;
-      const uint16_t* q = static_cast<const uint16_t*>(p.q) + task.batch_index * p.q_batch_stride + t * p.q_seq_stride +
-                          h * p.q_head_stride;
-      const uint16_t* q_pe = static_cast<const uint16_t*>(p.q_pe) + task.batch_index * p.q_pe_batch_stride +
-                             t * p.q_pe_seq_stride + h * p.q_pe_head_stride;
-      std::memcpy(row_buf, q, sizeof(uint16_t) * kHeadDim);
-      std::memcpy(row_buf + kHeadDim / 2, q_pe, sizeof(uint16_t) * kRopeDim);
+      const RowOffsets at = row_offsets(p, task.batch_index, task.row_begin + r);
+      std::memcpy(row_buf, static_cast<const uint16_t*>(p.q) + at.q, sizeof(uint16_t) * kHeadDim);
+      std::memcpy(row_buf + kHeadDim / 2, static_cast<const uint16_t*>(p.q_pe) + at.q_pe, sizeof(uint16_t) * kRopeDim);
       for (int k = 0; k < kKeyDim / 2; ++k) q_pairs[k * rows_pad + r] = row_buf[k];
     }
     for (int k = 0; k < kKeyDim / 2; ++k) {

@@ -243,28 +243,16 @@ struct Fp32Policy {
     if (dot_form) {  // [rows][576]
       for (int r = 0; r < task.row_count; ++r) {
         float* dst = q_t + r * kKeyDim;
-        const int row = task.row_begin + r;
-        const int t = row / p.num_heads;
-        const int h = row - t * p.num_heads;
-        IO::template to_float<W>(static_cast<const Elem*>(p.q) + task.batch_index * p.q_batch_stride +
-                                     t * p.q_seq_stride + h * p.q_head_stride,
-                                 dst, kHeadDim);
-        IO::template to_float<W>(static_cast<const Elem*>(p.q_pe) + task.batch_index * p.q_pe_batch_stride +
-                                     t * p.q_pe_seq_stride + h * p.q_pe_head_stride,
-                                 dst + kHeadDim, kRopeDim);
+        const RowOffsets at = row_offsets(p, task.batch_index, task.row_begin + r);
+        IO::template to_float<W>(static_cast<const Elem*>(p.q) + at.q, dst, kHeadDim);
+        IO::template to_float<W>(static_cast<const Elem*>(p.q_pe) + at.q_pe, dst + kHeadDim, kRopeDim);
       }
       return;
     }
     for (int r = 0; r < task.row_count; ++r) {
-      const int row = task.row_begin + r;
-      const int t = row / p.num_heads;
-      const int h = row - t * p.num_heads;
-      const Elem* q = static_cast<const Elem*>(p.q) + task.batch_index * p.q_batch_stride + t * p.q_seq_stride +
-                      h * p.q_head_stride;
-      const Elem* q_pe = static_cast<const Elem*>(p.q_pe) + task.batch_index * p.q_pe_batch_stride +
-                         t * p.q_pe_seq_stride + h * p.q_pe_head_stride;
-      IO::template to_float<W>(q, row_buf, kHeadDim);
-      IO::template to_float<W>(q_pe, row_buf + kHeadDim, kRopeDim);
+      const RowOffsets at = row_offsets(p, task.batch_index, task.row_begin + r);
+      IO::template to_float<W>(static_cast<const Elem*>(p.q) + at.q, row_buf, kHeadDim);
+      IO::template to_float<W>(static_cast<const Elem*>(p.q_pe) + at.q_pe, row_buf + kHeadDim, kRopeDim);
       for (int k = 0; k < kKeyDim; ++k) q_t[k * rows_pad + r] = row_buf[k];
     }
     for (int k = 0; k < kKeyDim; ++k) {
