@@ -29,24 +29,23 @@ void call_launcher(const char* op, Fn&& fn) {
 }
 
 // Refuses a device whose architecture this build has no kernels for, naming the compiled list and the rebuild
-// command (CUDA itself would only say "no kernel image is available"). Checked once per device.
+// command (CUDA itself would only say "no kernel image is available"). The device facts come from the launchers'
+// cache; this only remembers, per device, that the check passed.
 void check_device_arch() {
-  static std::array<std::atomic<bool>, 64> supported{};
-  const int device = c10::cuda::current_device();
-  std::atomic<bool>& known_supported = supported.at(static_cast<size_t>(device));
-  if (known_supported.load(std::memory_order_relaxed)) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<bool>, kMaxDevices> passed{};
+  const cuda::DeviceInfo d = cuda::current_device_info();
+  std::atomic<bool>* known = d.device < kMaxDevices ? &passed[static_cast<size_t>(d.device)] : nullptr;
+  if (known != nullptr && known->load(std::memory_order_relaxed)) {
     return;
   }
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (!cuda_archs_run_on(compiled_cuda_archs(), major, minor)) {
+  if (!cuda_archs_run_on(compiled_cuda_archs(), d.major, d.minor)) {
     cudaDeviceProp properties{};
-    C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
-    const std::string name = "cuda:" + std::to_string(device) + " (" + properties.name + ")";
-    TORCH_CHECK(false, cuda_arch_error(compiled_cuda_archs(), major, minor, name));
+    C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, d.device));
+    const std::string name = "cuda:" + std::to_string(d.device) + " (" + properties.name + ")";
+    TORCH_CHECK(false, cuda_arch_error(compiled_cuda_archs(), d.major, d.minor, name));
   }
-  known_supported.store(true, std::memory_order_relaxed);
+  if (known != nullptr) known->store(true, std::memory_order_relaxed);
 }
 
 struct CudaBackend {

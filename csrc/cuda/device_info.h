@@ -16,7 +16,8 @@ inline void throw_on_error(cudaError_t err, const char* what) {
 
 struct DeviceInfo {
   int device;
-  int major;       // compute capability major
+  int major;  // compute capability major.minor
+  int minor;
   int smem_optin;  // largest dynamic shared memory a block may opt into
   int sm_count;
 };
@@ -24,25 +25,29 @@ struct DeviceInfo {
 // Read once per device: attribute queries are cheap but not free, and this runs on every call.
 inline DeviceInfo current_device_info() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices][3] = {};
+  static std::atomic<int> cached[kMaxDevices][4] = {};
   int device = 0;
   throw_on_error(cudaGetDevice(&device), "cudaGetDevice");
-  DeviceInfo info{device, 0, 0, 0};
+  DeviceInfo info{device, 0, 0, 0, 0};
   if (device < kMaxDevices) {
     info.major = cached[device][0].load(std::memory_order_acquire);
-    info.smem_optin = cached[device][1].load(std::memory_order_relaxed);
-    info.sm_count = cached[device][2].load(std::memory_order_relaxed);
+    info.minor = cached[device][1].load(std::memory_order_relaxed);
+    info.smem_optin = cached[device][2].load(std::memory_order_relaxed);
+    info.sm_count = cached[device][3].load(std::memory_order_relaxed);
   }
   if (info.major == 0) {
     throw_on_error(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device),
                    "cudaDeviceGetAttribute(compute capability)");
+    throw_on_error(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device),
+                   "cudaDeviceGetAttribute(compute capability minor)");
     throw_on_error(cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                    "cudaDeviceGetAttribute(max shared memory per block)");
     throw_on_error(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device),
                    "cudaDeviceGetAttribute(multiprocessor count)");
     if (device < kMaxDevices) {  // major last, released: a reader that sees it non-zero sees the others too
-      cached[device][2].store(info.sm_count, std::memory_order_relaxed);
-      cached[device][1].store(info.smem_optin, std::memory_order_relaxed);
+      cached[device][3].store(info.sm_count, std::memory_order_relaxed);
+      cached[device][2].store(info.smem_optin, std::memory_order_relaxed);
+      cached[device][1].store(info.minor, std::memory_order_relaxed);
       cached[device][0].store(info.major, std::memory_order_release);
     }
   }

@@ -91,7 +91,8 @@ void ensure_shared_memory(Kernel kernel, int device) {
 
 // Launches kernel(p). With `overlap` (sm_90+), programmatic dependent launch lets its CTAs start while the previous
 // kernel on the stream drains; the kernels wait (wait_for_previous_grid) before touching memory. Saves a launch
-// gap per kernel, which is most of the cost left for small batches. Works inside CUDA graph capture.
+// gap per kernel, which is most of the cost left for small batches (use_programmatic_launch decides). Works inside
+// CUDA graph capture.
 template <class Params>
 void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, bool overlap,
                        const Params& p, const char* what) {
@@ -136,7 +137,7 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const Device
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: grid too large (batch x splits x row blocks)");
   constexpr auto kernel = KernelOf<Cfg>::kernel;
   detail::ensure_shared_memory<Cfg>(kernel, d.device);
-  const bool overlap = d.major >= 9 && programmatic_launch_enabled();
+  const bool overlap = d.major >= 9 && use_programmatic_launch(p);
   detail::launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                             overlap, p, "mla decode main kernel launch");
   if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<typename Cfg::Element>(p, stream, overlap);
@@ -167,8 +168,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     // Hopper: the wgmma + TMA kernel where it supports the problem (many rows per sequence), else the portable one.
     if (d.major == 9 && launch_decode_sm90<dtype>(p, stream, d.device)) {
       count_launch(KernelPath::kSm90);
-      if (p.num_splits > 1 || p.balanced_target > 0)
-        detail::launch_combine<T>(p, stream, programmatic_launch_enabled());
+      if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<T>(p, stream, use_programmatic_launch(p));
       return;
     }
     using C = TensorCoreConfigs<T>;

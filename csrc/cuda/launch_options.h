@@ -1,8 +1,12 @@
-// Launch options read once from the environment, for A/B measurements. Plain C++ (no CUDA headers needed).
+// Launch options: switches read once from the environment (for A/B measurements) and the shape rule for
+// programmatic dependent launch. Plain C++ (no CUDA headers needed).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+
+#include "../params.h"
 
 namespace mla::cuda {
 
@@ -13,6 +17,18 @@ inline bool programmatic_launch_enabled() {
     return value == nullptr || std::strcmp(value, "0") != 0;
   }();
   return enabled;
+}
+
+// Programmatic dependent launch saves about one launch gap (~1 us) per kernel boundary, but made long calls of
+// large batches up to a few percent slower on the H200 (perf-notes v10). It is used where the gap weighs: batches of up to
+// kOverlapMaxBatch sequences (the serving case whatever the block table's width) and calls that read at most
+// kOverlapMaxKeys cache rows. Shapes only, so a CUDA graph replays the same choice.
+constexpr int kOverlapMaxBatch = 16;
+constexpr int64_t kOverlapMaxKeys = int64_t{64} * 1024;
+
+inline bool use_programmatic_launch(const DecodeParams& p) {
+  const bool small = p.batch <= kOverlapMaxBatch || static_cast<int64_t>(p.batch) * p.capacity <= kOverlapMaxKeys;
+  return small && programmatic_launch_enabled();
 }
 
 }  // namespace mla::cuda

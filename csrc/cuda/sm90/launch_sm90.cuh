@@ -130,8 +130,8 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
       !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
     return false;
   }
-  // Programmatic dependent launch: the CTAs may start while the previous kernel on the stream drains (the kernel
-  // waits before reading memory), which hides the launch gap for small batches.
+  // Programmatic dependent launch for small calls: the CTAs may start while the previous kernel on the stream drains
+  // (the kernel waits before reading memory), which hides the launch gap.
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
@@ -140,7 +140,7 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = C::kSmemBytes;
   config.stream = stream;
-  const bool use_overlap = programmatic_launch_enabled();
+  const bool use_overlap = use_programmatic_launch(p);
   config.attrs = use_overlap ? &overlap : nullptr;
   config.numAttrs = use_overlap ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&config, sm90::decode_sm90_kernel<T>, p, kv_map, k_pe_map);
