@@ -68,3 +68,13 @@ def decode_all_ways(problem, **options):
     assert torch.equal(out_into, out), "decode_out left or wrote elements differently (out was NaN-poisoned)"
     assert torch.equal(lse_into, lse), "decode_out left or wrote lse elements differently (lse was NaN-poisoned)"
     return out, lse
+
+
+def assert_repeatable(problem, repeats=3, **options):
+    """Decodes the problem 1 + `repeats` times with the same options; every result must be bitwise the first."""
+    kwargs = problem.kwargs(**options)
+    out, lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+    for _ in range(repeats):
+        again_out, again_lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
+        assert torch.equal(again_out, out) and torch.equal(again_lse, lse), "repeated calls differ"
+    return out, lse

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checks import assert_matches_reference, decode_all_ways
+from checks import assert_matches_reference, assert_repeatable, decode_all_ways
 from make_inputs import make_problem
 from reference import decode_reference
-
-import mla_ext
 
 DTYPES_16 = [torch.float16, torch.bfloat16]
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -61,8 +59,4 @@ def test_causal_two_tokens(dtype, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 517], num_heads=16, page_size=64)
-    kwargs = problem.kwargs(kv_len_per_split=224)
-    first = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-    for _ in range(3):
-        again = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert_repeatable(problem, kv_len_per_split=224)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from axes import DTYPE_IDS, requires_cuda
-from checks import OUT_RTOL, assert_matches_reference, relative_error
+from checks import OUT_RTOL, assert_matches_reference, assert_repeatable, relative_error
 from make_inputs import empty_outputs_like, make_problem, randn
 from reference import decode_reference
 
@@ -30,12 +30,7 @@ def long_problem(gen, device, dtype, page_size=16):
 @pytest.mark.parametrize("kv_len_per_split", [None, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
 def test_bitwise_deterministic(dtype, kv_len_per_split, device, gen):
-    problem = long_problem(gen, device, dtype)
-    kwargs = problem.kwargs(kv_len_per_split=kv_len_per_split)
-    first_out, first_lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-    for _ in range(3):
-        out, lse = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-        assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
+    assert_repeatable(long_problem(gen, device, dtype), kv_len_per_split=kv_len_per_split)
 
 
 @pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "paged"])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from checks import assert_matches_reference, decode_all_ways
+from checks import assert_matches_reference, assert_repeatable, decode_all_ways
 from make_inputs import make_problem
 from reference import decode_reference
 
@@ -124,11 +124,7 @@ def test_sm90_invalid_pages_at_both_parities(dtype, split, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_sm90_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 517], num_heads=128, page_size=64)
-    kwargs = problem.kwargs(kv_len_per_split=256)
-    first = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-    for _ in range(3):
-        again = mla_ext.decode(*problem.args(), return_lse=True, **kwargs)
-        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert_repeatable(problem, kv_len_per_split=256)
 
 
 @requires_hopper

@@ -20,9 +20,9 @@ inline bool programmatic_launch_enabled() {
 }
 
 // Programmatic dependent launch saves about one launch gap (~1 us) per kernel boundary, but made long calls of
-// large batches up to a few percent slower on the H200 (perf-notes v10). It is used where the gap weighs: batches of up to
-// kOverlapMaxBatch sequences (the serving case whatever the block table's width) and calls that read at most
-// kOverlapMaxKeys cache rows. Shapes only, so a CUDA graph replays the same choice.
+// large batches up to a few percent slower on the H200 (perf-notes v10). It is used where the gap weighs: batches
+// of up to kOverlapMaxBatch sequences (the serving case whatever the block table's width) and calls that read at
+// most kOverlapMaxKeys cache rows. Shapes only, so a CUDA graph replays the same choice.
 constexpr int kOverlapMaxBatch = 16;
 constexpr int64_t kOverlapMaxKeys = int64_t{64} * 1024;
 
