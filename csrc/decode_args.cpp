@@ -231,18 +231,20 @@ void set_split(DecodeProblem& problem, int64_t split) {
   p.num_splits = static_cast<int>(std::max<int64_t>(1, (p.capacity + split - 1) / split));
   p.balanced_target = 0;
   p.balanced_split_cost = 0.f;
+  p.balanced_seq_cost = 0;
   p.split_table = nullptr;
 }
 
-void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int align) {
+void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int seq_cost, int align) {
   DecodeParams& p = problem.params;
   TORCH_CHECK(target > 0 && static_cast<int64_t>(target) + p.batch <= std::numeric_limits<int>::max() / 2 &&
-                  align > 0 && align % 16 == 0,
+                  align > 0 && align % 16 == 0 && (align & (align - 1)) == 0 && seq_cost >= 0,
               "mla.decode: internal error: balanced split target ", target, " align ", align, " for batch ", p.batch);
-  p.kv_len_per_split = align;  // the alignment of the split lengths each sequence gets on device
+  p.kv_len_per_split = align;  // the alignment of the cuts made on device
   p.num_splits = target + p.batch;
   p.balanced_target = target;
   p.balanced_split_cost = split_cost;
+  p.balanced_seq_cost = seq_cost;
 }
 
 int64_t split_table_entries(const DecodeParams& p) {
@@ -251,7 +253,7 @@ int64_t split_table_entries(const DecodeParams& p) {
 
 int64_t partial_rows(const DecodeParams& p) {
   const bool has_partials = p.balanced_target > 0 || p.num_splits > 1;
-  return has_partials ? work_items(p) * p.seqlen_q * p.num_heads : 0;
+  return has_partials ? partial_slots(p) * p.seqlen_q * p.num_heads : 0;
 }
 
 bool strict_mode() {

@@ -36,9 +36,10 @@ void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at
 
 // Sets kv_len_per_split = split and num_splits = max(1, ceil(capacity / split)).
 void set_split(DecodeProblem& problem, int64_t split);
-// Balanced splits sized on device from seq_lens (see DecodeParams): `target` chunks, `split_cost` per split, split
-// lengths multiples of `align` (a multiple of 16).
-void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int align);
+// Balanced splits planned on device from seq_lens (see DecodeParams): `target` ranges (seq_cost > 0: keys plus
+// seq_cost per sequence, in equal ranges) or work items (seq_cost == 0); cuts at least sqrt(split_cost * length)
+// apart and on multiples of `align` (a power of two, at least 16).
+void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int seq_cost, int align);
 // Fp32 partial rows (of D values) the kernels need for the chosen split: 0 when they write the outputs directly.
 int64_t partial_rows(const DecodeParams& params);
 // int32 entries of the balanced-split table (DecodeParams::split_table): 2 per sequence, 0 for fixed splits.

@@ -44,16 +44,21 @@ struct DecodeParams {
   int kv_len_per_split;  // positive multiple of 16
   int num_splits;        // ceil(capacity / kv_len_per_split), at least 1; balanced splits: W (below)
 
-  // Balanced splits (CUDA, default split of a call with seq_lens; balanced_target = 0 means off). The kernels cut
-  // the batch's keys into about balanced_target equal chunks on device, from seq_lens, so a few long sequences
-  // among short ones still spread over every SM: sequence b gets n_b splits of its own length, numbered as work
-  // items first_b .. first_b + n_b - 1 (prefix sums over b). num_splits then holds W = balanced_target + B, an upper
-  // bound of the item count; the grid has W items per row block (spare ones do nothing), and kv_len_per_split
-  // holds the alignment of every split length (16, or the key tile of a kernel that needs whole tiles).
-  int balanced_target;        // items the batch's keys are spread over, about one wave of CTAs
-  float balanced_split_cost;  // weight of one more split against a longer one (combine traffic per split)
-  int32_t* split_table;       // [B, 2]: first work item and split count of each sequence, written by the main
-                              // kernel (split 0's CTAs) for the combine; allocated by the caller
+  // Balanced splits (CUDA, default split of a call with seq_lens; balanced_target = 0 means off), planned on device
+  // from seq_lens so that a few long sequences among many short ones still load every SM evenly. Two plans:
+  // - ranges (balanced_seq_cost > 0; few-row kernels, balanced_ranges.cuh): the batch's keys laid end to end, each
+  //   sequence followed by balanced_seq_cost keys' worth of set-up, cut into balanced_target equal ranges, one per
+  //   CTA (per row block), which walks the sequences its range covers;
+  // - work items (balanced_seq_cost == 0; many-row kernels, balanced_items.cuh): each sequence cut into splits of
+  //   about total / balanced_target keys, one CTA per split.
+  // A sequence's n_b pieces write partial slots first_b .. first_b + n_b - 1; num_splits then holds
+  // W = balanced_target + B, which bounds the slots, and kv_len_per_split holds the alignment of every cut (16, or
+  // the key tile of a kernel that needs whole tiles).
+  int balanced_target;        // ranges, or work items, about one wave of CTAs
+  float balanced_split_cost;  // cuts are at least sqrt(cost * sequence length) keys apart (combine traffic)
+  int balanced_seq_cost;      // ranges: keys' worth of one sequence's set-up in a CTA (query load, pipeline fill)
+  int32_t* split_table;       // [B, 2]: first slot and piece count of each sequence, written by the main kernel
+                              // (the CTAs holding piece 0) for the combine; allocated by the caller
 
   void* out;  // [B, S_q, H, D], dtype of q
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
@@ -61,14 +66,18 @@ struct DecodeParams {
   int64_t lse_batch_stride, lse_seq_stride, lse_head_stride;
 
   // Split partials, used only when num_splits > 1 (contiguous fp32, allocated by the caller). Balanced splits
-  // index them by work item instead: out_partial [W, S_q * H, D], lse_partial [W, S_q * H].
+  // index them by slot instead: out_partial [W, S_q * H, D], lse_partial [W, S_q * H].
   float* out_partial;  // [B, S_q * H, num_splits, D]
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
 };
 
-// Work items per block of query rows: (sequence, split) pairs, or the W items of balanced splits. The grids have
-// this many CTAs per row block, and with more than one split every item writes its own partial rows.
+// CTAs per block of query rows: one per (sequence, split), per balanced range, or per (possibly spare) work item.
 inline int64_t work_items(const DecodeParams& p) {
+  if (p.balanced_target > 0) return p.balanced_seq_cost > 0 ? p.balanced_target : p.num_splits;
+  return static_cast<int64_t>(p.num_splits) * p.batch;
+}
+// Partial rows per query row: one per split of each sequence, or the W slots of balanced splits.
+inline int64_t partial_slots(const DecodeParams& p) {
   return p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
 }
 

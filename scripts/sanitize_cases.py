@@ -5,9 +5,11 @@ case that runs clean but wrong still fails.
 
     --subset all       memcheck's matrix: dtype x heads (1, 16, 128) x splits (one, many) x layout (dense, pages of
                        1, 16, 64), with S_q 1 / 2-causal and hostile seq_lens / block tables mixed in, plus B = 0,
-                       S_kv = 0, no pages, decode_out into strided outputs, and merge_states
+                       S_kv = 0, no pages, decode_out into strided outputs, merge_states, and balanced splits over
+                       hundreds of short sequences
     --subset kernels   one small case per kernel variant (dim-split few / mid rows, key-split 64 rows, fp32 SIMT,
-                       the split combine, merge_states, the H >= 64 16-bit path), for racecheck and synccheck
+                       the split combine, merge_states, the H >= 64 16-bit path, balanced ranges and items), for
+                       racecheck and synccheck
 
 Exit status: 0 when every case ran and matched, 1 otherwise, 2 without a CUDA device.
 """
@@ -165,6 +167,7 @@ def full_matrix() -> list[Case]:
     ]
     cases += no_seq_lens_cases()
     cases += merge_cases()
+    cases += balanced_cases()
     return cases
 
 
@@ -231,6 +234,20 @@ def kernel_cases() -> list[Case]:
         ),
         Case("merge-states-bf16", lens=[3, 16], num_heads=512, op="merge_states"),
         *no_seq_lens_cases()[:2],
+        *balanced_cases(),
+    ]
+
+
+def balanced_cases() -> list[Case]:
+    """Balanced splits over many short sequences and a long one. Few rows: CTAs walk several sequences of their
+    range, reusing shared memory between them. Many rows: one work item per CTA, spare items included."""
+    short_16 = [(i * 7) % 23 for i in range(600)] + [2000]
+    short_128 = [(i * 5) % 41 for i in range(200)] + [1000]
+    return [
+        Case("balanced-ranges-dim-split-bf16-page16", lens=short_16, num_heads=16, page_size=16),
+        Case("balanced-ranges-simt-fp32-page16", dtype="fp32", lens=short_16[300:], num_heads=16, page_size=16),
+        Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=short_128, num_heads=128, page_size=16),
+        Case("balanced-items-h64plus-bf16-page64", lens=short_128, num_heads=128, page_size=64),
     ]
 
 

@@ -1,6 +1,8 @@
-"""The default split of a call with seq_lens: on CUDA it is sized on device from the actual lengths (balanced
-splits: long sequences cut into many pieces, short ones kept whole, every CTA deriving the same plan). Ragged
-batches, batches wider than a warp, and short sequences in long capacities, against the float64 reference."""
+"""The default split of a call with seq_lens: on CUDA it is planned on device from the actual lengths (balanced
+splits; every CTA derives the same plan). Few rows: the batch's keys cut into equal ranges, one per CTA, so long
+sequences become many pieces and a CTA may walk several short ones. Many rows: long sequences cut into work items
+of about equal length, one per CTA. Ragged batches, batches wider than a warp, hundreds of short sequences, and
+short sequences in long capacities, against the float64 reference."""
 
 from __future__ import annotations
 
@@ -40,6 +42,24 @@ def test_ragged_batch_with_default_split(dtype, page_size, num_heads, seqlen_q, 
         causal=causal,
         page_size=page_size,
     )
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
+@pytest.mark.parametrize(
+    "num_heads,page_size",
+    [(16, 64), (24, 16), (128, 64), (128, 16)],
+    ids=["h16-page64", "h24-page16", "h128-page64", "h128-page16"],
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_many_short_sequences(dtype, num_heads, page_size, device, gen):
+    """298 sequences of 0-40 keys around two long ones. Few rows: most CTAs' ranges hold several whole sequences,
+    and the cuts fall inside the long ones and inside short ones alike. Many rows: hundreds of one-piece items."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [rng.randint(0, 40) for _ in range(298)] + [3000, 1500]
+    rng.shuffle(lens)
+    problem = make_problem(gen, device=device, dtype=dtype, lens=lens, num_heads=num_heads, page_size=page_size)
     out, lse = decode_all_ways(problem)
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")

@@ -71,7 +71,7 @@ struct CudaBackend {
     const int sm_count = cuda::current_device_info().sm_count;
     if (p.seq_lens != nullptr) {
       const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, sm_count, problem.dtype);
-      set_balanced_split(problem, split.target, split.split_cost, split.align);
+      set_balanced_split(problem, split.target, split.split_cost, split.seq_cost, split.align);
     } else {
       set_split(problem, cuda::default_kv_len_per_split(p.batch, rows, p.capacity, sm_count, problem.dtype));
     }

@@ -35,6 +35,7 @@ struct DimSplitTile {
   static constexpr int kKeyTile = kKeyTile_;
   static constexpr int kStages = kStages_;
   static constexpr bool kSm90Only = kSm90Only_;
+  static constexpr bool kWalksRanges = true;  // balanced splits: walks ranges (several sequences per CTA)
 
   static constexpr int kKSteps = (kHeadDim + kRopeDim) / 16;    // 36
   static constexpr int kWarpKSteps = kKSteps / kWarpsPerGroup;  // 9 per warp
@@ -56,7 +57,7 @@ struct DimSplitTile {
 };
 
 template <class Cfg>
-__device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
+__device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, const CtaWork& w) {
   using T = typename Cfg::Element;
   using Row = typename Cfg::Row;
   constexpr int kNT = Cfg::kKeyNTiles;
@@ -75,7 +76,6 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p) {
   const int quarter = warp - group * Cfg::kWarpsPerGroup;
   const int group_row0 = group * 16;
 
-  const CtaWork w = cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p);
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
 
   int row_limit[2];  // rows group_row0 + lane / 4 + half * 8
@@ -244,9 +244,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_dim_split_kernel(cons
   wait_for_previous_grid();  // q may come from the kernel just before
   allow_next_grid_launch();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (!Cfg::kSm90Only) decode_dim_split_body<Cfg>(p);
+  if constexpr (!Cfg::kSm90Only)
+    for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_dim_split_body<Cfg>(p, w); });
 #else
-  decode_dim_split_body<Cfg>(p);
+  for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_dim_split_body<Cfg>(p, w); });
 #endif
 }
 

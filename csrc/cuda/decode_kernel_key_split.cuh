@@ -33,6 +33,7 @@ struct KeySplitTile {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeyTile = kKeyTile_;  // keys per shared-memory stage
   static constexpr int kStages = kStages_;
+  static constexpr bool kWalksRanges = false;    // balanced splits: one work item per CTA
   static constexpr bool kSm90Only = kSm90Only_;  // needs > 163 KB of shared memory: compiled for sm_90 only
 
   static constexpr int kMTiles = kWarpRows / 16;
@@ -142,7 +143,7 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
   const int group_barrier = 1 + wm;  // named barrier of this row group (0 is __syncthreads)
   constexpr int kGroupThreads = Cfg::kWarpsN * 32;
 
-  const CtaWork w = cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p);
+  const CtaWork w = single_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p);  // many rows: never a balanced range
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
 
   // Key limit of each accumulator row this thread holds: rows warp_row0 + mi * 16 + lane / 4 + half * 8.

@@ -26,6 +26,7 @@ struct SimtTile {
   static constexpr int kThreads = 256;
   static constexpr int kKeyTile = kKeyTile_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kWalksRanges = true;  // balanced splits: walks ranges (several sequences per CTA)
   static constexpr bool kSm90Only = false;
 
   static constexpr int kKeyBlocks = kKeyTile / 4;      // 4 keys per score block
@@ -78,7 +79,7 @@ __device__ __forceinline__ void butterfly_step(float (&part)[kValues], int slice
 }
 
 template <class Cfg>
-__device__ __forceinline__ void decode_simt_body(const DecodeParams& p) {
+__device__ __forceinline__ void decode_simt_body(const DecodeParams& p, const CtaWork& w) {
   using Row = typename Cfg::Row;
   constexpr int kN = Cfg::kKeyTile;
   constexpr int kBR = Cfg::kBlockRows;
@@ -93,7 +94,6 @@ __device__ __forceinline__ void decode_simt_body(const DecodeParams& p) {
   float2* stats = reinterpret_cast<float2*>(smem + Cfg::kStatsOffset);
 
   const int tid = threadIdx.x;
-  const CtaWork w = cta_work<Cfg::kRowTile, kN>(p);
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
 
   KvPipeline<float, Cfg::kRowTile, kN, Cfg::kStages, Cfg::kThreads> pipe{
@@ -247,7 +247,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_simt_kernel(const __grid_constant__ DecodeParams p) {
   wait_for_previous_grid();  // q may come from the kernel just before
   allow_next_grid_launch();
-  decode_simt_body<Cfg>(p);
+  for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_simt_body<Cfg>(p, w); });
 }
 
 }  // namespace mla::cuda

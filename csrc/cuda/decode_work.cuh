@@ -7,19 +7,21 @@
 #include <cstdint>
 
 #include "../params.h"
-#include "balanced_split.cuh"
+#include "balanced_items.cuh"
+#include "balanced_ranges.cuh"
 #include "device_primitives.cuh"
 
 namespace mla::cuda {
 
-// Grid order: row blocks fastest, then splits, then sequences, so the row blocks sharing one KV split run side by
-// side and hit the same lines in L2. A 1-D grid keeps every count (splits can pass 65535) within launch limits.
+// Grid order: row blocks fastest, then splits, then sequences (or balanced ranges), so the row blocks sharing one
+// KV split run side by side and hit the same lines in L2. A 1-D grid keeps every count (splits can pass 65535)
+// within launch limits.
 struct CtaWork {
   int batch_index;
   int rows;           // S_q * H: query rows of the sequence
   int row_begin;      // first row of this CTA's row block
-  int split;          // split index within the sequence
-  int slot;           // work item: balanced splits index partials by it
+  int split;          // split (balanced: piece) index within the sequence
+  int slot;           // balanced splits index partials by it
   bool single_split;  // the sequence has one split: write out / lse directly, no partials
   int seq_len;        // seq_lens[b] clamped to [0, capacity]
   int key_begin;      // first key of the split
@@ -34,51 +36,116 @@ __device__ __forceinline__ int row_key_limit(const DecodeParams& p, int seq_len,
   return seq_len - (p.seqlen_q - 1 - token);
 }
 
-// Called by every thread of the CTA (balanced splits need whole warps).
-template <int kRowTile, int kKeyTile>
-__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
-  CtaWork w;
-  w.rows = p.seqlen_q * p.num_heads;
-  const int row_blocks = (w.rows + kRowTile - 1) / kRowTile;
-  int index = static_cast<int>(blockIdx.x);
-  w.row_begin = (index % row_blocks) * kRowTile;
-  index /= row_blocks;
-  int split_len = p.kv_len_per_split;
-  if (p.balanced_target > 0) {
-    int first = 0;
-    SequenceSplits splits{1, 0};
-    w.slot = index;
-    if (find_work_item(p, balanced_plan(p), index, w.batch_index, first, splits)) {
-      w.split = index - first;
-      split_len = splits.length;
-      w.single_split = splits.count == 1;
-      if (w.split == 0 && threadIdx.x == 0) {  // for the combine (every row block writes the same values)
-        p.split_table[2 * static_cast<int64_t>(w.batch_index)] = first;
-        p.split_table[2 * static_cast<int64_t>(w.batch_index) + 1] = splits.count;
-      }
-    } else {  // a spare item: no keys; it writes -inf into its own partial slot, which no one reads
-      w.batch_index = 0;
-      w.split = 0;
-      split_len = 0;
-      w.single_split = false;
-    }
-  } else {
-    w.split = index % p.num_splits;
-    w.batch_index = index / p.num_splits;
-    w.slot = index;
-    w.single_split = p.num_splits == 1;
-  }
-  w.seq_len = clamped_seq_len(p, w.batch_index);
+// What a CTA works through: one (sequence, split) of a fixed split, one balanced work item, or the sequences of one
+// balanced range. The few-row kernels (kWalksRanges) take ranges, the many-row kernels work items; the launcher
+// hands each kernel's balanced calls in its form.
+struct CtaWorkList {
+  RangeCursor cursor;  // balanced ranges
+  int index;           // the (sequence, split) pair, work item or range
+  int row_begin;
+  bool done;  // one-piece lists: the piece was handed out
+};
 
-  // 64-bit: split * kv_len_per_split + kv_len_per_split can pass 2^31 for huge user splits.
-  const int64_t begin = static_cast<int64_t>(w.split) * split_len;
-  int64_t end = min(begin + split_len, static_cast<int64_t>(w.seq_len));
+// Called by every thread of the CTA (balanced splits need whole warps).
+template <int kRowTile, bool kWalksRanges>
+__device__ __forceinline__ CtaWorkList cta_work_list(const DecodeParams& p) {
+  CtaWorkList list;
+  const int rows = p.seqlen_q * p.num_heads;
+  const int row_blocks = (rows + kRowTile - 1) / kRowTile;
+  const int index = static_cast<int>(blockIdx.x);
+  list.row_begin = (index % row_blocks) * kRowTile;
+  list.index = index / row_blocks;
+  list.done = false;
+  if constexpr (kWalksRanges) {
+    if (p.balanced_target > 0) list.cursor = range_start(p, list.index);
+  }
+  return list;
+}
+
+// The CTA's next piece of work; false when there is none left. Every thread gets the same answer; the one with
+// `record` set writes the balanced-split table. Whole warps call it.
+template <int kRowTile, int kKeyTile, bool kWalksRanges>
+__device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList& list, CtaWork& w, bool record) {
+  w.rows = p.seqlen_q * p.num_heads;
+  w.row_begin = list.row_begin;
+  int first = 0, pieces = 1;  // the sequence's first slot and piece count (balanced: for the combine)
+  bool spare = false;         // a balanced work item beyond the plan's
+  int64_t begin, end;
+  if (kWalksRanges && p.balanced_target > 0) {
+    RangeSegment s;
+    if (!next_segment(p, list.index, list.cursor, s)) return false;
+    w.batch_index = s.batch_index;
+    w.split = s.piece;
+    w.slot = s.slot;
+    w.seq_len = s.seq_len;
+    first = s.first_slot;
+    pieces = s.pieces;
+    begin = s.key_begin;
+    end = min(s.key_end, s.seq_len);
+  } else {
+    if (list.done) return false;
+    list.done = true;
+    int split_len = p.kv_len_per_split;
+    w.slot = list.index;
+    if (!kWalksRanges && p.balanced_target > 0) {
+      SequenceSplits splits{1, 0};
+      if (find_work_item(p, balanced_plan(p), list.index, w.batch_index, first, splits)) {
+        w.split = list.index - first;
+        split_len = splits.length;
+        pieces = splits.count;
+      } else {  // a spare item: no keys; it writes -inf into its own partial slot, which no one reads
+        w.batch_index = 0;
+        w.split = 0;
+        split_len = 0;
+        pieces = 2;
+        spare = true;
+      }
+    } else {
+      w.split = list.index % p.num_splits;
+      w.batch_index = list.index / p.num_splits;
+      pieces = p.num_splits;
+    }
+    w.seq_len = clamped_seq_len(p, w.batch_index);
+    // 64-bit: split * kv_len_per_split + kv_len_per_split can pass 2^31 for huge user splits.
+    begin = static_cast<int64_t>(w.split) * split_len;
+    end = min(begin + split_len, static_cast<int64_t>(w.seq_len));
+  }
+  w.single_split = pieces == 1;
+  if (p.balanced_target > 0 && w.split == 0 && !spare && record) {  // every row block writes the same values
+    p.split_table[2 * static_cast<int64_t>(w.batch_index)] = first;
+    p.split_table[2 * static_cast<int64_t>(w.batch_index) + 1] = pieces;
+  }
   const int last_row = min(w.row_begin + kRowTile, w.rows) - 1;
   end = min(end, static_cast<int64_t>(row_key_limit(p, w.seq_len, last_row)));  // later tokens see the most keys
   w.key_begin = static_cast<int>(min(begin, static_cast<int64_t>(p.capacity)));
   w.key_end = static_cast<int>(max(end, static_cast<int64_t>(w.key_begin)));
   w.num_tiles = (w.key_end - w.key_begin + kKeyTile - 1) / kKeyTile;
+  return true;
+}
+
+// The one piece of work of a CTA of the many-row kernels (a (sequence, split) pair or a balanced work item).
+template <int kRowTile, int kKeyTile>
+__device__ __forceinline__ CtaWork single_cta_work(const DecodeParams& p) {
+  CtaWorkList list = cta_work_list<kRowTile, false>(p);
+  CtaWork w;
+  next_cta_work<kRowTile, kKeyTile, false>(p, list, w, threadIdx.x == 0);
   return w;
+}
+
+// Runs body(w) for each piece of work of a CTA of the few-row kernels (one, or a balanced range's sequences), with
+// a CTA-wide barrier between two, so that no warp refills shared memory (query, KV stages) that another still
+// reads.
+template <int kRowTile, int kKeyTile, class Body>
+__device__ __forceinline__ void for_each_cta_work(const DecodeParams& p, Body&& body) {
+  CtaWorkList list = cta_work_list<kRowTile, true>(p);
+  CtaWork w;
+  const bool record = threadIdx.x == 0;
+  bool more = next_cta_work<kRowTile, kKeyTile, true>(p, list, w, record);
+  while (more) {
+    body(w);
+    more = next_cta_work<kRowTile, kKeyTile, true>(p, list, w, record);
+    if (more) cta_barrier_all_threads();
+  }
 }
 
 // Where a key of the sequence lives: page index into kv/k_pe and row inside the page; page < 0 means invisible
@@ -142,7 +209,7 @@ __device__ __forceinline__ const T* query_chunk(const DecodeParams& p, int batch
 }
 
 // Split partials are contiguous: out_partial [B, rows, num_splits, D], lse_partial [B, rows, num_splits]; balanced
-// splits: out_partial [W, rows, D], lse_partial [W, rows] by work item.
+// splits: out_partial [W, rows, D], lse_partial [W, rows] by slot.
 __device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, const CtaWork& w, int row) {
   if (p.balanced_target > 0) return static_cast<int64_t>(w.slot) * w.rows + row;
   return (static_cast<int64_t>(w.batch_index) * w.rows + row) * p.num_splits + w.split;

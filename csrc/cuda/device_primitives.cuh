@@ -121,6 +121,11 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// __syncthreads for code that a warp may reach diverged (one lane still finishing work its neighbours skipped):
+// the non-aligned barrier counts threads, not warps, so it waits for every thread of the CTA.
+__device__ __forceinline__ void cta_barrier_all_threads() {
+  asm volatile("barrier.sync 0;\n" ::: "memory");
+}
 // One-way signal through a named barrier: the calling warps arrive without waiting; the barrier completes once
 // `threads` have arrived, among them the warps that wait with named_barrier(id, threads). Memory accesses before
 // the arrive are performed for the waiters when it completes. A warp must not arrive twice before that.

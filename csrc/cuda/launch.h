@@ -21,12 +21,15 @@ void launch_merge_states(const MergeStatesParams& params, cudaStream_t stream);
 // rows_per_seq = S_q * H; capacity = keys a sequence can hold. Returns a positive multiple of 16.
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype);
 
-// Balanced splits for a call with seq_lens (see DecodeParams): spread the batch's keys over about one wave of CTAs
-// of the kernel that will run; split_cost weighs the combine traffic of one more split (it grows with the rows).
+// Balanced splits for a call with seq_lens (see DecodeParams): `target` ranges or work items, about one wave of
+// CTAs of the kernel that will run; `seq_cost` is one sequence's set-up in keys for the range plan of the few-row
+// kernels, 0 for the work-item plan of the many-row ones; split_cost weighs the combine traffic of one more cut
+// (it grows with the rows).
 struct BalancedSplit {
   int target;
   float split_cost;
-  int align;  // split lengths are multiples of it: the key tile of the many-row kernels (whose tiles stay aligned)
+  int seq_cost;
+  int align;  // cuts fall on multiples of it: the key tile of the many-row kernels (whose tiles stay aligned)
 };
 BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype);
 

@@ -127,9 +127,19 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap) {
 
 }  // namespace detail
 
-// Main kernel with configuration Cfg, then the combine when the problem has several splits.
+// Main kernel with configuration Cfg, then the combine when the problem has several splits. Balanced calls go in
+// the kernel's form: ranges for the few-row kernels, work items for the many-row ones (balanced_split_for plans
+// by row tile; a many-row call that falls back to a few-row kernel, on 99 KB devices, is walked as ranges of the
+// same count).
 template <class Cfg>
-void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
+void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& d) {
+  DecodeParams p = params;
+  if (p.balanced_target > 0 && Cfg::kWalksRanges && p.balanced_seq_cost == 0) {
+    p.balanced_seq_cost = range_seq_cost(Cfg::kRowTile);
+  }
+  if (p.balanced_target > 0 && !Cfg::kWalksRanges && p.balanced_seq_cost > 0) {
+    throw std::runtime_error("mla decode: internal error: balanced ranges planned for a many-row kernel");
+  }
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   if (p.batch == 0 || rows == 0) return;
   const int64_t row_blocks = (rows + Cfg::kRowTile - 1) / Cfg::kRowTile;

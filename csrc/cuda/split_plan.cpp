@@ -20,7 +20,6 @@ constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16
 // Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
 // elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
 constexpr int64_t kLargeRowSplitAlign = 64;
-constexpr double kCtaOverheadKeys = 64.0;
 constexpr int kDeepBatch = 4;  // balanced splits: batches up to this size use one CTA per SM
 constexpr double kCombineLaunchKeys = 32.0;
 
@@ -43,7 +42,7 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_blocks;
   const double element_bytes = dtype == DType::kFloat32 ? 4.0 : 2.0;
   const double key_bytes = (kHeadDim + kRopeDim) * element_bytes;
-  const double overhead = kCtaOverheadKeys + row_tile;  // the query block weighs about one key per row
+  const double overhead = range_seq_cost(row_tile);  // the CTA overhead; the query block weighs a key per row
   // Partial rows are fp32 [D], written by the main kernel and read by the combine. With few rows the combine has
   // few independent units of work (row x 128 columns) and streams the partials well below bandwidth, so they
   // weigh more (up to 4x, measured on H200).
@@ -85,7 +84,11 @@ BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType
   // shape-only planner above for one sequence (e.g. L = 128 at 16 rows and 16K keys, 256 at 128 rows).
   const float split_cost = std::max(1.0f, static_cast<float>(rows_per_seq) / 32.0f);
   const int align = row_tile == kLargeRowTile ? 64 : 16;
-  return BalancedSplit{static_cast<int>(std::max<int64_t>(1, slots / row_blocks)), split_cost, align};
+  // Few rows: ranges, each sequence costing a CTA's overhead as in the shape-only planner. Many rows: work items;
+  // there a cut costs 64+ fp32 partial rows and another query load, and ranges (which cut nearly every sequence of
+  // a near-uniform batch) measured 1.05-1.45x slower than items on the H200 (perf-notes v11).
+  const int seq_cost = row_tile == kLargeRowTile ? 0 : range_seq_cost(row_tile);
+  return BalancedSplit{static_cast<int>(std::max<int64_t>(1, slots / row_blocks)), split_cost, seq_cost, align};
 }
 
 }  // namespace mla::cuda

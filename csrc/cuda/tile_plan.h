@@ -15,6 +15,13 @@ inline int row_tile_for(int rows_per_seq, DType dtype) {
   return rows_per_seq <= kMidRowTile ? kMidRowTile : kLargeRowTile;
 }
 
+// Keys' worth of a CTA's fixed cost (query load, pipeline fill, launch) in the split planners; a balanced range
+// charges it (plus a key per query row) for every sequence it walks.
+constexpr int kCtaOverheadKeys = 64;
+inline int range_seq_cost(int row_tile) {
+  return kCtaOverheadKeys + row_tile;
+}
+
 // CTAs of that row tile resident per SM on the GPUs the defaults are tuned for (H100 / H200).
 inline int ctas_per_sm_for(int row_tile) {
   return row_tile == kSmallRowTile ? 2 : 1;

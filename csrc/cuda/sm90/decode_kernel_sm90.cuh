@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
 
   wait_for_previous_grid();  // launched with programmatic dependent launch: inputs may come from the kernel before
   allow_next_grid_launch();
-  const CtaWork w = cta_work<C::kRowTile, C::kKeyTile>(p);
+  const CtaWork w = single_cta_work<C::kRowTile, C::kKeyTile>(p);
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int b = 0; b < C::kStages * C::kBlocks; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)

@@ -77,6 +77,7 @@ inline bool aligned16(const void* ptr) {
 // The shapes and layouts the kernel handles (see launch_sm90.h).
 inline bool supports(const DecodeParams& p) {
   if (static_cast<int64_t>(p.seqlen_q) * p.num_heads <= 32) return false;  // few rows: memory-bound, portable
+  if (p.balanced_target > 0 && p.balanced_seq_cost > 0) return false;      // one piece of work per CTA, not a range
   // Splits (also balanced ones, whose lengths are multiples of kv_len_per_split) must start on tile boundaries.
   if (p.num_splits > 1 && p.kv_len_per_split % Sm90Tile::kKeyTile != 0) return false;
   if (p.block_table != nullptr && p.page_size % Sm90Tile::kKeyTile != 0) return false;  // a tile in one page

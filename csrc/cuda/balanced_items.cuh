@@ -1,12 +1,14 @@
-// Balanced splits (DecodeParams::balanced_target > 0), computed where they are used: every warp of the main kernel
-// reads all B sequence lengths (a few hundred bytes, L2-resident after the first CTA) and derives the same split
-// of every sequence. No planner kernel and no host sync, so a CUDA graph replay follows the current seq_lens; the
-// CTAs of split 0 record each sequence's first work item and split count in DecodeParams::split_table for the
-// combine, which would otherwise redo the plan in each of its (many) warps.
+// Balanced splits by work items (DecodeParams::balanced_target > 0, balanced_seq_cost == 0: the many-row kernels),
+// computed where they are used: every warp of the main kernel reads all B sequence lengths (a few hundred bytes,
+// L2-resident after the first CTA) and derives the same split of every sequence. No planner kernel and no host
+// sync, so a CUDA graph replay follows the current seq_lens; the CTAs of split 0 record each sequence's first work
+// item and split count in DecodeParams::split_table for the combine, which would otherwise redo the plan in each of
+// its (many) warps.
 //
 // The batch's keys are cut into about balanced_target chunks of equal length (about one wave of CTAs); a sequence
 // is never cut finer than sqrt(split_cost * its length) keys, where more splits would cost more in partials than
-// they save in time.
+// they save in time. One CTA per work item: short sequences are not packed together (balanced_ranges.cuh does
+// that for the few-row kernels).
 // Every function here is warp-cooperative: all 32 lanes call it with the same arguments.
 #pragma once
 
@@ -15,15 +17,9 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "sequence_length.cuh"
 
 namespace mla::cuda {
-
-// Keys of sequence b after clamping seq_lens to [0, capacity] (what the kernels attend to).
-__device__ __forceinline__ int clamped_seq_len(const DecodeParams& p, int b) {
-  int len = p.capacity;
-  if (p.seq_lens != nullptr) len = p.seq_lens[static_cast<int64_t>(b) * p.seq_lens_stride];
-  return min(max(len, 0), p.capacity);
-}
 
 // Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (16, or the key
 // tile of a kernel whose tiles must start on tile boundaries). Longer than the capacity changes nothing, so lengths
