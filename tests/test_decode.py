@@ -80,6 +80,18 @@ def test_long_sequences(dtype, page_size, kv_len_per_split, device, gen):
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
 
 
+@pytest.mark.parametrize("kv_len_per_split", [None, 4096])
+def test_fp32_long_run_of_equal_keys(kv_len_per_split, device, gen):
+    """fp32 to 1e-5 where rounding piles up most: 1811 equal keys (every score and value the same) after 237 random
+    ones, also in one split of all 2048 keys (the longest running sum)."""
+    problem = make_problem(gen, device=device, dtype=torch.float32, lens=[2048], num_heads=16)
+    problem.kv[0, 237:] = 0.5
+    problem.k_pe[0, 237:] = 0.5
+    out, lse = decode_all_ways(problem, kv_len_per_split=kv_len_per_split)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, torch.float32)
+
+
 @pytest.mark.parametrize("kv_len_per_split", [None, 128, 512])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_seed_call(dtype, kv_len_per_split, device, gen):
