@@ -243,12 +243,9 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_dim_split_kernel(const __grid_constant__ DecodeParams p) {
   wait_for_previous_grid();  // q may come from the kernel just before
   allow_next_grid_launch();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (!Cfg::kSm90Only)
+  if constexpr (body_compiled_here<Cfg::kSm90Only>()) {
     for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_dim_split_body<Cfg>(p, w); });
-#else
-  for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_dim_split_body<Cfg>(p, w); });
-#endif
+  }
 }
 
 }  // namespace mla::cuda

@@ -345,12 +345,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_key_split_kernel(const __grid_constant__ DecodeParams p) {
   wait_for_previous_grid();  // q may come from the kernel just before
   allow_next_grid_launch();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // Configurations larger than sm_80's shared memory are only launched on sm_90; elsewhere keep the body out.
-  if constexpr (!Cfg::kSm90Only) decode_key_split_body<Cfg>(p);
-#else
-  decode_key_split_body<Cfg>(p);
-#endif
+  if constexpr (body_compiled_here<Cfg::kSm90Only>()) decode_key_split_body<Cfg>(p);
 }
 
 }  // namespace mla::cuda

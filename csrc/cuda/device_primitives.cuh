@@ -133,6 +133,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Configurations larger than sm_80's shared memory are launched on sm_90 only; elsewhere their kernel body is left
+// out (it would not fit, and compiling it costs time).
+template <bool kSm90Only>
+__host__ __device__ constexpr bool body_compiled_here() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return !kSm90Only;
+#else
+  return true;
+#endif
+}
+
 // Programmatic dependent launch (sm_90+; no-ops elsewhere and when the launch did not ask for it). A kernel launched
 // with it may start while the previous kernel on the stream is finishing, so it must wait before touching memory.
 __device__ __forceinline__ void wait_for_previous_grid() {
