@@ -10,4 +10,5 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+DTYPES_16 = [torch.float16, torch.bfloat16]  # the tensor-core kernels' dtypes
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}

@@ -7,15 +7,10 @@ poisoned beyond every sequence's length."""
 from __future__ import annotations
 
 import pytest
-import torch
+from axes import DTYPE_IDS, DTYPES_16, requires_cuda
 from checks import assert_matches_reference, assert_repeatable, decode_all_ways
 from make_inputs import make_problem
 from reference import decode_reference
-
-DTYPES_16 = [torch.float16, torch.bfloat16]
-DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def check(problem, dtype, what, **options):

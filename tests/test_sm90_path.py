@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from axes import DTYPE_IDS, DTYPES_16
 from checks import assert_matches_reference, assert_repeatable, decode_all_ways
 from make_inputs import make_problem
 from reference import decode_reference
@@ -17,8 +18,6 @@ from reference import decode_reference
 import mla_ext
 
 PORTABLE, SM90 = 0, 1
-DTYPES_16 = [torch.float16, torch.bfloat16]
-DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def _is_hopper():
