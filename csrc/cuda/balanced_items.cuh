@@ -92,9 +92,15 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
   return BatchPlan{chunk, items.x};
 }
 
-// The sequence that owns work item `item`, its splits, and its first item; false for a spare item.
-__device__ __forceinline__ bool find_work_item(const DecodeParams& p, const BatchPlan& plan, int item, int& batch_index,
-                                               int& first, SequenceSplits& splits) {
+// A work item: the sequence that owns it (-1 for a spare item beyond the plan's), that sequence's first item and its
+// splits.
+struct WorkItem {
+  int batch_index;
+  int first;
+  SequenceSplits splits;
+};
+
+__device__ __forceinline__ WorkItem find_work_item(const DecodeParams& p, const BatchPlan& plan, int item) {
   const int lane = threadIdx.x & 31;
   const bool in_long = item < plan.long_items;
   int before = in_long ? 0 : plan.long_items;  // items of the sequences already passed
@@ -112,15 +118,20 @@ __device__ __forceinline__ bool find_work_item(const DecodeParams& p, const Batc
     const unsigned hit = __ballot_sync(0xffffffffu, own > 0 && item < before + inclusive);
     if (hit != 0) {
       const int src = __ffs(hit) - 1;
-      batch_index = b0 + src;
-      first = before + __shfl_sync(0xffffffffu, inclusive - own, src);
-      splits.count = __shfl_sync(0xffffffffu, s.count, src);
-      splits.length = __shfl_sync(0xffffffffu, s.length, src);
-      return true;
+      const int first = before + __shfl_sync(0xffffffffu, inclusive - own, src);
+      const SequenceSplits splits{__shfl_sync(0xffffffffu, s.count, src), __shfl_sync(0xffffffffu, s.length, src)};
+      return WorkItem{b0 + src, first, splits};
     }
     before += __shfl_sync(0xffffffffu, inclusive, 31);
   }
-  return false;
+  return WorkItem{-1, 0, SequenceSplits{1, 0}};
+}
+
+// Work item `item` of the batch's plan. Out of line on purpose: inlined, the plan's code sat in the kernels' prologue
+// and slowed every call, also those without balanced splits (perf-notes v13); one call returns everything in
+// registers. Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
+static __device__ __noinline__ WorkItem balanced_work_item(const DecodeParams& p, int item) {
+  return find_work_item(p, balanced_plan(p), item);
 }
 
 }  // namespace mla::cuda

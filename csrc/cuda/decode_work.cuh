@@ -88,11 +88,13 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
     int split_len = p.kv_len_per_split;
     w.slot = list.index;
     if (!kWalksRanges && p.balanced_target > 0) {
-      SequenceSplits splits{1, 0};
-      if (find_work_item(p, balanced_plan(p), list.index, w.batch_index, first, splits)) {
+      const WorkItem item = balanced_work_item(p, list.index);
+      if (item.batch_index >= 0) {
+        w.batch_index = item.batch_index;
+        first = item.first;
         w.split = list.index - first;
-        split_len = splits.length;
-        pieces = splits.count;
+        split_len = item.splits.length;
+        pieces = item.splits.count;
       } else {  // a spare item: no keys; it writes -inf into its own partial slot, which no one reads
         w.batch_index = 0;
         w.split = 0;
