@@ -233,6 +233,7 @@ void set_split(DecodeProblem& problem, int64_t split) {
   p.balanced_split_cost = 0.f;
   p.balanced_seq_cost = 0;
   p.split_table = nullptr;
+  p.item_table = nullptr;
 }
 
 void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int seq_cost, int align) {
@@ -247,8 +248,18 @@ void set_balanced_split(DecodeProblem& problem, int target, float split_cost, in
   p.balanced_seq_cost = seq_cost;
 }
 
+int64_t work_item_table_offset(const DecodeParams& p) {
+  return (2 * static_cast<int64_t>(p.batch) + 3) / 4 * 4;  // int4 entries: 16-byte aligned
+}
+
+bool items_planned_by_kernel(const DecodeParams& p) {
+  return p.balanced_target > 0 && p.balanced_seq_cost == 0 && p.batch > 1;
+}
+
 int64_t split_table_entries(const DecodeParams& p) {
-  return p.balanced_target > 0 ? 2 * static_cast<int64_t>(p.batch) : 0;
+  if (p.balanced_target == 0) return 0;
+  const int64_t items = items_planned_by_kernel(p) ? 4 * static_cast<int64_t>(p.num_splits) : 0;
+  return work_item_table_offset(p) + items;
 }
 
 int64_t partial_rows(const DecodeParams& p) {

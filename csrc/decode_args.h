@@ -42,8 +42,13 @@ void set_split(DecodeProblem& problem, int64_t split);
 void set_balanced_split(DecodeProblem& problem, int target, float split_cost, int seq_cost, int align);
 // Fp32 partial rows (of D values) the kernels need for the chosen split: 0 when they write the outputs directly.
 int64_t partial_rows(const DecodeParams& params);
-// int32 entries of the balanced-split table (DecodeParams::split_table): 2 per sequence, 0 for fixed splits.
+// Balanced work items for several sequences come from a planner kernel (DecodeParams::item_table); a batch of one
+// sequence is planned in the main kernel's CTAs, where the planner's launch would cost more than the plan.
+bool items_planned_by_kernel(const DecodeParams& params);
+// int32 entries of the balanced-split tables, 0 for fixed splits: split_table (2 per sequence) and, when the planner
+// kernel runs, the item table (4 per item) from work_item_table_offset on.
 int64_t split_table_entries(const DecodeParams& params);
+int64_t work_item_table_offset(const DecodeParams& params);
 
 // Strict mode validates values that need a host copy (seq_lens, block_table); off by default.
 bool strict_mode();

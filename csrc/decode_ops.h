@@ -47,6 +47,7 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
   if (const int64_t entries = split_table_entries(p); entries > 0) {
     split_table = at::empty({entries}, q.options().dtype(at::kInt));
     p.split_table = split_table.data_ptr<int32_t>();
+    p.item_table = items_planned_by_kernel(p) ? p.split_table + work_item_table_offset(p) : nullptr;
   }
   if (const int64_t rows = partial_rows(p); rows > 0) {
     const auto options = q.options().dtype(at::kFloat);

@@ -57,8 +57,12 @@ struct DecodeParams {
   int balanced_target;        // ranges, or work items, about one wave of CTAs
   float balanced_split_cost;  // cuts are at least sqrt(cost * sequence length) keys apart (combine traffic)
   int balanced_seq_cost;      // ranges: keys' worth of one sequence's set-up in a CTA (query load, pipeline fill)
-  int32_t* split_table;       // [B, 2]: first slot and piece count of each sequence, written by the main kernel
-                              // (the CTAs holding piece 0) for the combine; allocated by the caller
+  int32_t* split_table;       // [B, 2]: first slot and piece count of each sequence, for the combine; written by
+                              // the planner kernel where item_table is set, else by the main kernel; allocated by
+                              // the caller
+  int32_t* item_table;        // work items of a batch of several sequences: [W, 4] (sequence or -1 for a spare, its
+                              // first item, its pieces, keys per piece) per item, written by the planner kernel;
+                              // 16-byte aligned. Null for one sequence: its CTAs plan their own item
 
   void* out;  // [B, S_q, H, D], dtype of q
   int64_t out_batch_stride, out_seq_stride, out_head_stride;

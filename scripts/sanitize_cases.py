@@ -240,14 +240,18 @@ def kernel_cases() -> list[Case]:
 
 def balanced_cases() -> list[Case]:
     """Balanced splits over many short sequences and a long one. Few rows: CTAs walk several sequences of their
-    range, reusing shared memory between them. Many rows: one work item per CTA, spare items included."""
+    range, reusing shared memory between them. Many rows: one work item per CTA, spare items included, from the
+    planner kernel's table (also with the long sequences cut into one wave) or, for one sequence, planned per CTA."""
     short_16 = [(i * 7) % 23 for i in range(600)] + [2000]
     short_128 = [(i * 5) % 41 for i in range(200)] + [1000]
+    one_wave = [8192, 8155] + [(i * 7) % 97 + 2 for i in range(60)]
     return [
         Case("balanced-ranges-dim-split-bf16-page16", lens=short_16, num_heads=16, page_size=16),
         Case("balanced-ranges-simt-fp32-page16", dtype="fp32", lens=short_16[300:], num_heads=16, page_size=16),
         Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=short_128, num_heads=128, page_size=16),
         Case("balanced-items-h64plus-bf16-page64", lens=short_128, num_heads=128, page_size=64),
+        Case("balanced-items-one-wave-bf16-page64", lens=one_wave, num_heads=128, page_size=64),
+        Case("balanced-items-one-sequence-bf16-page64", lens=[5003], num_heads=128, page_size=64),
     ]
 
 

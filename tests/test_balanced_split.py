@@ -65,6 +65,20 @@ def test_many_short_sequences(dtype, num_heads, page_size, device, gen):
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
 
 
+@pytest.mark.parametrize("page_size", [None, 64], ids=["dense", "page64"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_long_sequences_cut_into_one_wave(dtype, page_size, device, gen):
+    """Many rows, two long sequences among 62 short ones that outnumber the SMs left beside the long pieces: on
+    GPUs of 100+ SMs the plan cuts the long sequences into one wave of pieces, the short items follow."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [8192, 8192 - 37, 0, 1] + [rng.randint(2, 100) for _ in range(60)]
+    rng.shuffle(lens)
+    problem = make_problem(gen, device=device, dtype=dtype, lens=lens, num_heads=128, page_size=page_size)
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
 def test_short_sequence_in_long_capacity(dtype, device, gen):
     """One short sequence in a dense cache sized for a long context: the split follows the length, not the size."""

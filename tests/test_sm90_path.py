@@ -64,6 +64,8 @@ SM90_CASES = [
     ("paged64_transposed_q", dict(lens=[333, 65], num_heads=128, page_size=64, q_layout="transposed"), 256, SM90),
     ("paged64_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=128, page_size=64), None, SM90),
     ("dense_default_split", dict(lens=[1500, 1500], num_heads=128), None, SM90),
+    # One sequence: its CTAs plan their own work item (no planner kernel).
+    ("paged64_default_split_one_sequence", dict(lens=[5003], num_heads=128, page_size=64), None, SM90),
     # Long tile chains: 16, 11, 2 and 2 tiles, partial last tiles of even (WG0) and odd (WG1) position.
     ("dense_pairs_one_split", dict(lens=[1000, 701, 128, 65], num_heads=128), 4096, SM90),
     ("dense_pairs_odd_splits", dict(lens=[1000, 701], num_heads=128), 192, SM90),
@@ -73,6 +75,8 @@ PORTABLE_CASES = [
     ("paged16", dict(lens=[300, 40], num_heads=128, page_size=16), 64, PORTABLE),
     ("split_not_64_aligned", dict(lens=[300, 40], num_heads=128), 48, PORTABLE),
     ("few_rows", dict(lens=[300, 40], num_heads=16), 64, PORTABLE),
+    ("paged16_default_split", dict(lens=[2100, 5, 0], num_heads=128, page_size=16), None, PORTABLE),
+    ("paged16_default_split_one_sequence", dict(lens=[2100], num_heads=128, page_size=16), None, PORTABLE),
 ]
 PATH_CASES = SM90_CASES + PORTABLE_CASES
 

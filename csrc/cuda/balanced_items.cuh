@@ -1,9 +1,8 @@
 // Balanced splits by work items (DecodeParams::balanced_target > 0, balanced_seq_cost == 0: the many-row kernels),
-// computed where they are used: every warp of the main kernel reads all B sequence lengths (a few hundred bytes,
-// L2-resident after the first CTA) and derives the same split of every sequence. No planner kernel and no host
-// sync, so a CUDA graph replay follows the current seq_lens; the CTAs of split 0 record each sequence's first work
-// item and split count in DecodeParams::split_table for the combine, which would otherwise redo the plan in each of
-// its (many) warps.
+// planned on device from seq_lens, so a CUDA graph replay follows the current lengths without a host sync: once per
+// call by the planner kernel (work_item_planner.cuh), whose table gives each CTA of the main kernel its item, or, for
+// a single sequence, by each CTA itself. The combine reads each sequence's first item and split count from
+// split_table.
 //
 // The batch's keys are cut into about balanced_target chunks of equal length (about one wave of CTAs); a sequence
 // is never cut finer than sqrt(split_cost * its length) keys, where more splits would cost more in partials than
@@ -21,14 +20,14 @@
 
 namespace mla::cuda {
 
-// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (16, or the key
-// tile of a kernel whose tiles must start on tile boundaries). Longer than the capacity changes nothing, so lengths
-// are capped there: below 2^31, and the 32-bit sums below cannot wrap (every lane runs this for every sequence,
-// and 64-bit division is several times slower).
+// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (a power of two: 16,
+// or the key tile of a kernel whose tiles must start on tile boundaries), so rounding is a mask. Longer than the
+// capacity changes nothing, so lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (every
+// lane runs this for every sequence, and 64-bit division is several times slower).
 __device__ __forceinline__ unsigned round_up_split(const DecodeParams& p, unsigned x) {
   const unsigned align = static_cast<unsigned>(p.kv_len_per_split);
   x = min(x, static_cast<unsigned>(p.capacity));
-  return max((x + align - 1) / align * align, align);
+  return max((x + align - 1) & ~(align - 1), align);
 }
 
 struct SequenceSplits {
@@ -88,50 +87,50 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
     const int64_t longer = (static_cast<int64_t>(chunk) * all + target - 1) / target;
     chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(longer, static_cast<int64_t>(p.capacity)))));
     items = count_items(p, chunk);
+  } else if (all > target && items.y <= target) {
+    // A few long sequences among short ones: the short items that do not fit beside the long pieces would run
+    // behind them in a ragged tail (one short item costs its keys plus a CTA's start-up). When the one-piece
+    // sequences fit in one wave and each is at most half a piece, cut the long sequences into one wave of pieces
+    // instead; the short items follow in a second wave (perf-notes v12, v14).
+    int64_t long_keys = 0;
+    int longest_single = 0;
+    for (int b = lane; b < p.batch; b += 32) {
+      const int len = clamped_seq_len(p, b);
+      if (splits_of(p, chunk, len).count > 1) {
+        long_keys += len;
+      } else {
+        longest_single = max(longest_single, len);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+      long_keys += __shfl_xor_sync(0xffffffffu, long_keys, off);
+      longest_single = max(longest_single, __shfl_xor_sync(0xffffffffu, longest_single, off));
+    }
+    if (2 * static_cast<int64_t>(longest_single) <= chunk) {
+      int64_t piece = (long_keys + target - 1) / target;
+      int2 wave = make_int2(0, 0);
+      for (int attempt = 0; attempt < 2; ++attempt) {  // rounding each sequence's count can overshoot: lengthen once
+        piece = round_up_split(p, static_cast<unsigned>(min(piece, static_cast<int64_t>(p.capacity))));
+        wave = count_items(p, static_cast<int>(piece));
+        if (wave.x <= target) break;
+        piece = (piece * wave.x + target - 1) / target;
+      }
+      if (wave.x <= target && wave.y <= target) {
+        chunk = static_cast<int>(piece);
+        items = wave;
+      }
+    }
   }
   return BatchPlan{chunk, items.x};
 }
 
-// A work item: the sequence that owns it (-1 for a spare item beyond the plan's), that sequence's first item and its
-// splits.
-struct WorkItem {
-  int batch_index;
-  int first;
-  SequenceSplits splits;
-};
-
-__device__ __forceinline__ WorkItem find_work_item(const DecodeParams& p, const BatchPlan& plan, int item) {
-  const int lane = threadIdx.x & 31;
-  const bool in_long = item < plan.long_items;
-  int before = in_long ? 0 : plan.long_items;  // items of the sequences already passed
-  for (int b0 = 0; b0 < p.batch; b0 += 32) {
-    const int b = b0 + lane;
-    SequenceSplits s{0, 0};
-    if (b < p.batch) s = splits_of(p, plan.chunk, clamped_seq_len(p, b));
-    const int own = in_long ? (s.count > 1 ? s.count : 0) : (b < p.batch && s.count == 1 ? 1 : 0);
-    int inclusive = own;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inclusive, off);
-      if (lane >= off) inclusive += v;
-    }
-    const unsigned hit = __ballot_sync(0xffffffffu, own > 0 && item < before + inclusive);
-    if (hit != 0) {
-      const int src = __ffs(hit) - 1;
-      const int first = before + __shfl_sync(0xffffffffu, inclusive - own, src);
-      const SequenceSplits splits{__shfl_sync(0xffffffffu, s.count, src), __shfl_sync(0xffffffffu, s.length, src)};
-      return WorkItem{b0 + src, first, splits};
-    }
-    before += __shfl_sync(0xffffffffu, inclusive, 31);
-  }
-  return WorkItem{-1, 0, SequenceSplits{1, 0}};
-}
-
-// Work item `item` of the batch's plan. Out of line on purpose: inlined, the plan's code sat in the kernels' prologue
-// and slowed every call, also those without balanced splits (perf-notes v13); one call returns everything in
-// registers. Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
-static __device__ __noinline__ WorkItem balanced_work_item(const DecodeParams& p, int item) {
-  return find_work_item(p, balanced_plan(p), item);
+// Work item `item` of a batch of one sequence, planned by its CTA (no planner kernel, see item_table): the sequence's
+// pieces, then spares. Out of line: inlined, plan code in the kernels' prologue slowed every call (perf-notes v13).
+// Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
+static __device__ __noinline__ int4 single_sequence_item(const DecodeParams& p, int item) {
+  const SequenceSplits s = splits_of(p, balanced_plan(p).chunk, clamped_seq_len(p, 0));
+  return item < s.count ? make_int4(0, 0, s.count, s.length) : make_int4(-1, 0, 1, 0);
 }
 
 }  // namespace mla::cuda

@@ -88,13 +88,16 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
     int split_len = p.kv_len_per_split;
     w.slot = list.index;
     if (!kWalksRanges && p.balanced_target > 0) {
-      const WorkItem item = balanced_work_item(p, list.index);
-      if (item.batch_index >= 0) {
-        w.batch_index = item.batch_index;
-        first = item.first;
+      // (sequence, first item, pieces, keys per piece): the planner kernel wrote it before this grid's wait returned,
+      // or, for one sequence, the CTA plans it
+      const int4 item = p.item_table != nullptr ? reinterpret_cast<const int4*>(p.item_table)[list.index]
+                                                : single_sequence_item(p, list.index);
+      if (item.x >= 0) {
+        w.batch_index = item.x;
+        first = item.y;
         w.split = list.index - first;
-        split_len = item.splits.length;
-        pieces = item.splits.count;
+        pieces = item.z;
+        split_len = item.w;
       } else {  // a spare item: no keys; it writes -inf into its own partial slot, which no one reads
         w.batch_index = 0;
         w.split = 0;
@@ -113,7 +116,8 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
     end = min(begin + split_len, static_cast<int64_t>(w.seq_len));
   }
   w.single_split = pieces == 1;
-  if (p.balanced_target > 0 && w.split == 0 && !spare && record) {  // every row block writes the same values
+  // split_table, unless the planner kernel wrote it; every row block writes the same values
+  if (p.balanced_target > 0 && (kWalksRanges || p.item_table == nullptr) && w.split == 0 && !spare && record) {
     p.split_table[2 * static_cast<int64_t>(w.batch_index)] = first;
     p.split_table[2 * static_cast<int64_t>(w.batch_index) + 1] = pieces;
   }
