@@ -1,8 +1,9 @@
 """The default split of a call with seq_lens: on CUDA it is planned on device from the actual lengths (balanced
-splits; every CTA derives the same plan). Few rows: the batch's keys cut into equal ranges, one per CTA, so long
+splits). Few rows: the batch's keys cut into equal ranges, one per CTA (every CTA derives the same cuts), so long
 sequences become many pieces and a CTA may walk several short ones. Many rows: long sequences cut into work items
-of about equal length, one per CTA. Ragged batches, batches wider than a warp, hundreds of short sequences, and
-short sequences in long capacities, against the float64 reference."""
+of about equal length, one per CTA (a planner kernel writes them to a table; one sequence's CTAs plan their own).
+Ragged batches, batches wider than a warp, hundreds of short sequences, and short sequences in long capacities,
+against the float64 reference."""
 
 from __future__ import annotations
 
