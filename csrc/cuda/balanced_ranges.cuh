@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "device_primitives.cuh"
 #include "sequence_length.cuh"
 
 namespace mla::cuda {
@@ -91,12 +92,7 @@ __device__ __forceinline__ RangeCursor range_start(const DecodeParams& p, int ra
   for (int b0 = 0; b0 < p.batch; b0 += 32) {
     const int b = b0 + lane;
     const int64_t own = b < p.batch ? line_positions(p, clamped_seq_len(p, b)) : 0;
-    int64_t inclusive = own;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, off);
-      if (lane >= off) inclusive += v;
-    }
+    const int64_t inclusive = warp_inclusive_sum(own);
     const unsigned hit = __ballot_sync(0xffffffffu, b < p.batch && begin < before + inclusive);
     if (hit != 0) {
       const int src = __ffs(hit) - 1;

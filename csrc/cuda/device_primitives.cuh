@@ -117,6 +117,18 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Inclusive prefix sum over the warp's lanes (lane i gets the sum of lanes 0..i); all 32 lanes call it.
+template <typename V>
+__device__ __forceinline__ V warp_inclusive_sum(V value) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const V v = __shfl_up_sync(0xffffffffu, value, off);
+    if (lane >= off) value += v;
+  }
+  return value;
+}
+
 // Barrier over a subset of the CTA's warps (id 0 is __syncthreads').
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -149,7 +149,7 @@ void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const D
   constexpr auto kernel = KernelOf<Cfg>::kernel;
   detail::ensure_shared_memory<Cfg>(kernel, d.device);
   const bool overlap = d.major >= 9 && use_programmatic_launch(p);
-  if (!Cfg::kWalksRanges && p.balanced_target > 0 && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
+  if (!Cfg::kWalksRanges && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
   detail::launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                             overlap, p, "mla decode main kernel launch");
   if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<typename Cfg::Element>(p, stream, overlap);

@@ -14,16 +14,6 @@
 
 namespace mla::cuda {
 
-__device__ __forceinline__ int warp_inclusive_sum(int value) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, value, off);
-    if (lane >= off) value += v;
-  }
-  return value;
-}
-
 // Items are numbered as the plan orders them: the pieces of the multi-split sequences first, sequence by sequence,
 // then the one-piece sequences; items past the plan's (up to W = num_splits, one CTA each) are spares. Static: every
 // translation unit that launches it compiles its own copy.

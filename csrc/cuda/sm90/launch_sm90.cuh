@@ -145,7 +145,7 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   const bool use_overlap = use_programmatic_launch(p);
   config.attrs = use_overlap ? &overlap : nullptr;
   config.numAttrs = use_overlap ? 1 : 0;
-  if (p.balanced_target > 0 && p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
+  if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
   const cudaError_t err = cudaLaunchKernelEx(&config, sm90::decode_sm90_kernel<T>, p, kv_map, k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
