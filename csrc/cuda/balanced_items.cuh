@@ -116,6 +116,7 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
         if (wave.x <= target) break;
         piece = (piece * wave.x + target - 1) / target;
       }
+      // a lengthened piece can pass chunk and turn two-piece sequences into one-piece ones: check both counts
       if (wave.x <= target && wave.y <= target) {
         chunk = static_cast<int>(piece);
         items = wave;
