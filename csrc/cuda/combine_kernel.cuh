@@ -32,16 +32,46 @@ __device__ __forceinline__ void store4(T* dst, float a, float b, float c, float 
   }
 }
 
-// A unit is (query row of the batch, 128-column chunk). blockDim = (32, G, U): U units per CTA, G warps per unit;
-// warp g of a unit sums splits g, g + G, ... in batches of kCombineBatch independent loads, and the G partial sums
-// are added in warp order, so the result is deterministic. The launcher picks G from the split count (few splits:
-// one warp per unit, many: up to 16 warps) so small batches still spread over the GPU.
+// Adds the partial sums of warps 1 .. kGroups - 1 of a unit (slots first_slot + g) to warp 0's, in warp order. The
+// loads go out in batches before the adds: small batches wait on this kernel after the main one, and a chain of
+// dependent shared-memory loads was a visible part of it (perf-notes v16).
+template <int kGroups>
+__device__ __forceinline__ void add_warp_partials(float4& acc, float& weight_sum, const float4 (*part_acc)[32],
+                                                  const float* part_sum, int first_slot, int lane) {
+#pragma unroll
+  for (int g0 = 1; g0 < kGroups; g0 += kCombineBatch) {
+    float4 v[kCombineBatch];
+    float w[kCombineBatch];
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {  // the bounds fold away once the loops are unrolled
+      if (g0 + i < kGroups) {
+        v[i] = part_acc[first_slot + g0 + i][lane];
+        w[i] = part_sum[first_slot + g0 + i];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {
+      if (g0 + i < kGroups) {
+        acc.x += v[i].x;
+        acc.y += v[i].y;
+        acc.z += v[i].z;
+        acc.w += v[i].w;
+        weight_sum += w[i];
+      }
+    }
+  }
+}
+
+// A unit is (query row of the batch, 128-column chunk). blockDim = (32, G, U): U units per CTA, G warps per unit
+// (a power of two up to 16); warp g of a unit sums splits g, g + G, ... in batches of kCombineBatch independent
+// loads, and the G partial sums are added in warp order, so the result is deterministic. The launcher picks G from
+// the split count (few splits: one warp per unit, many: up to 16 warps) so small batches still spread over the GPU.
+// With G > 1 every warp finds the row's maximum lse itself: no barrier and no exchange before the sums.
 template <typename T>
 __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(const __grid_constant__ DecodeParams p) {
   constexpr float kNegInf = -__builtin_huge_valf();
   __shared__ float4 part_acc[kCombineMaxWarps][32];
   __shared__ float part_sum[kCombineMaxWarps];
-  __shared__ float part_max[kCombineMaxWarps];
 
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
@@ -71,17 +101,20 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
   const int64_t values_stride = lse_stride * kHeadDim;
 
   float m = kNegInf;
-  if (active) {
-    for (int s = group * 32 + lane; s < num_splits; s += groups * 32) m = max_keep_nan(m, lse_row[s * lse_stride]);
+  if (active && groups == 1) {
+    for (int s = lane; s < num_splits; s += 32) m = max_keep_nan(m, lse_row[s * lse_stride]);
+  } else if (active) {
+    constexpr int kLoads = 4;  // per lane at once: 128 splits in one round trip
+    for (int s0 = lane; s0 < num_splits; s0 += 32 * kLoads) {
+      float l[kLoads];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) l[i] = s0 + 32 * i < num_splits ? lse_row[(s0 + 32 * i) * lse_stride] : kNegInf;
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) m = max_keep_nan(m, l[i]);
+    }
   }
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
-  if (groups > 1) {
-    if (lane == 0) part_max[warp_slot] = m;
-    __syncthreads();
-    m = part_max[warp_slot - group];
-    for (int g = 1; g < groups; ++g) m = max_keep_nan(m, part_max[warp_slot - group + g]);
-  }
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
@@ -118,14 +151,11 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
     if (lane == 0) part_sum[warp_slot] = weight_sum;
     __syncthreads();
     if (group != 0) return;
-    for (int g = 1; g < groups; ++g) {
-      const float4 v = part_acc[warp_slot + g][lane];
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-      weight_sum += part_sum[warp_slot + g];
-    }
+    static_assert(kCombineMaxWarps == 16, "a unit's warp count is 1, 2, 4, 8 or 16");
+    if (groups == 2) add_warp_partials<2>(acc, weight_sum, part_acc, part_sum, warp_slot, lane);
+    if (groups == 4) add_warp_partials<4>(acc, weight_sum, part_acc, part_sum, warp_slot, lane);
+    if (groups == 8) add_warp_partials<8>(acc, weight_sum, part_acc, part_sum, warp_slot, lane);
+    if (groups == 16) add_warp_partials<16>(acc, weight_sum, part_acc, part_sum, warp_slot, lane);
   }
   if (!active) return;
   const bool seen = !(weight_sum == 0.f);

@@ -113,7 +113,8 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap) {
   const int64_t units = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * kCombineChunks;
-  // Warps per unit: enough that each sums at most one batch of splits, up to 16; then units per CTA to reach 8 warps.
+  // Warps per unit (a power of two): enough that each sums at most one batch of splits, up to 16; then units per CTA
+  // to reach 8 warps.
   // Balanced splits vary per sequence: size for twice the average.
   int64_t splits = p.num_splits;
   if (p.balanced_target > 0) splits = (2 * static_cast<int64_t>(p.balanced_target) + p.batch - 1) / p.batch;
