@@ -48,6 +48,21 @@ def test_ragged_batch_with_default_split(dtype, page_size, num_heads, seqlen_q, 
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
 
 
+@pytest.mark.parametrize("num_heads", [1, 24, 128])
+@pytest.mark.parametrize("batch", [2, 7, 32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_small_ragged_batch(dtype, batch, num_heads, device, gen):
+    """Up to 32 sequences: on CUDA the combine lays each sequence's units out by its own piece count (one long
+    sequence of many pieces, short ones of one; one head leaves most of a CTA's warps without a unit)."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [3000] + [rng.randint(0, 300) for _ in range(batch - 1)]
+    rng.shuffle(lens)
+    problem = make_problem(gen, device=device, dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
 @pytest.mark.parametrize(
     "num_heads,page_size",
     [(16, 64), (24, 16), (128, 64), (128, 16)],

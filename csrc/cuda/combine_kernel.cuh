@@ -17,6 +17,7 @@ constexpr int kCombineColumns = 128;                        // output columns pe
 constexpr int kCombineChunks = kHeadDim / kCombineColumns;  // units per query row
 constexpr int kCombineMaxWarps = 16;                        // warps per CTA
 constexpr int kCombineBatch = 8;                            // splits whose loads a warp keeps in flight at once
+constexpr int kCombineBySequenceMaxBatch = 32;              // combine_by_sequence_kernel: one lane per sequence
 
 // Maximum that keeps NaN (fmaxf drops it): a split that saw a non-finite key makes the whole row NaN.
 __device__ __forceinline__ float max_keep_nan(float a, float b) {
@@ -62,41 +63,27 @@ __device__ __forceinline__ void add_warp_partials(float4& acc, float& weight_sum
   }
 }
 
-// A unit is (query row of the batch, 128-column chunk). blockDim = (32, G, U): U units per CTA, G warps per unit
-// (a power of two up to 16); warp g of a unit sums splits g, g + G, ... in batches of kCombineBatch independent
-// loads, and the G partial sums are added in warp order, so the result is deterministic. The launcher picks G from
-// the split count (few splits: one warp per unit, many: up to 16 warps) so small batches still spread over the GPU.
-// With G > 1 every warp finds the row's maximum lse itself: no barrier and no exchange before the sums.
+// A unit is (query row of the batch, 128-column chunk) and the splits it merges: split s has its lse at
+// lse_partial[lse_first + s * lse_stride] and its values at kHeadDim times that offset.
+struct CombineUnit {
+  bool active;  // false for the overhang of the last CTA and for sequences with one split
+  int batch_index, row, chunk;
+  int num_splits;
+  int64_t lse_first, lse_stride;
+};
+
+// Merges one unit with G = groups warps at consecutive CTA slots (this one is warp `group` of them, at `warp_slot`):
+// warp g sums splits g, g + G, ... in batches of kCombineBatch independent loads, and the G partial sums are added
+// in warp order, so the result is deterministic. With G > 1 every warp finds the row's maximum lse itself (no
+// barrier and no exchange before the sums) and the CTA meets at one barrier, so `groups` must be the same for every
+// warp of the CTA.
 template <typename T>
-__global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(const __grid_constant__ DecodeParams p) {
+__device__ __forceinline__ void combine_unit(const DecodeParams& p, const CombineUnit& u, int group, int groups,
+                                             int warp_slot, int lane, float4 (*part_acc)[32], float* part_sum) {
   constexpr float kNegInf = -__builtin_huge_valf();
-  __shared__ float4 part_acc[kCombineMaxWarps][32];
-  __shared__ float part_sum[kCombineMaxWarps];
-
-  const int lane = threadIdx.x;
-  const int group = threadIdx.y;
-  const int groups = blockDim.y;
-  const int warp_slot = threadIdx.z * groups + group;
-  const int rows = p.seqlen_q * p.num_heads;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
-  bool active = unit < static_cast<int64_t>(p.batch) * rows * kCombineChunks;  // the last CTA may overhang
-  const int64_t row_global = active ? unit / kCombineChunks : 0;               // b * rows + r
-  const int chunk = static_cast<int>(unit % kCombineChunks);
-  const int batch_index = static_cast<int>(row_global / rows);
-  const int row = static_cast<int>(row_global - static_cast<int64_t>(batch_index) * rows);
-  wait_for_previous_grid();  // the partials come from the main kernel, which may still be finishing
-  allow_next_grid_launch();
-
-  // Where split s of this row lives: lse at lse_row[s * lse_stride], values at values_row[s * values_stride].
-  int num_splits = p.num_splits;
-  int64_t lse_first = row_global * num_splits, lse_stride = 1;
-  if (p.balanced_target > 0) {
-    const int first = p.split_table[2 * static_cast<int64_t>(batch_index)];
-    num_splits = p.split_table[2 * static_cast<int64_t>(batch_index) + 1];
-    lse_first = static_cast<int64_t>(first) * rows + row;
-    lse_stride = rows;
-    active = active && num_splits > 1;  // a sequence with one split got its outputs from the main kernel
-  }
+  const bool active = u.active;
+  const int num_splits = u.num_splits;
+  const int64_t lse_first = u.lse_first, lse_stride = u.lse_stride;
   const float* lse_row = p.lse_partial + lse_first;
   const int64_t values_stride = lse_stride * kHeadDim;
 
@@ -119,7 +106,7 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
   if (active && m != kNegInf) {
-    const float* values = p.out_partial + lse_first * kHeadDim + chunk * kCombineColumns + lane * 4;
+    const float* values = p.out_partial + lse_first * kHeadDim + u.chunk * kCombineColumns + lane * 4;
     for (int s0 = group; s0 < num_splits; s0 += groups * kCombineBatch) {
       float l[kCombineBatch];
       float4 v[kCombineBatch];
@@ -160,10 +147,117 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps) combine_splits_kernel(c
   if (!active) return;
   const bool seen = !(weight_sum == 0.f);
   const float inv = seen ? 1.f / weight_sum : 0.f;
-  T* out = static_cast<T*>(p.out) + out_row_offset(p, batch_index, row) + chunk * kCombineColumns + lane * 4;
+  T* out = static_cast<T*>(p.out) + out_row_offset(p, u.batch_index, u.row) + u.chunk * kCombineColumns + lane * 4;
   store4<T>(out, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (chunk == 0 && lane == 0) {
-    p.lse[lse_row_offset(p, batch_index, row)] = seen ? m + logf(weight_sum) : kNegInf;
+  if (u.chunk == 0 && lane == 0) {
+    p.lse[lse_row_offset(p, u.batch_index, u.row)] = seen ? m + logf(weight_sum) : kNegInf;
+  }
+}
+
+// The combine with a fixed number of warps per unit: blockDim = (32, G, U), U units per CTA, G warps per unit (a
+// power of two up to 16). The launcher picks G from the split count (few splits: one warp per unit, many: up to 16
+// warps) so small batches still spread over the GPU. Both combine kernels keep to 64 registers, so two CTAs of 512
+// threads fit on an SM.
+template <typename T>
+__global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
+    combine_splits_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float4 part_acc[kCombineMaxWarps][32];
+  __shared__ float part_sum[kCombineMaxWarps];
+
+  const int lane = threadIdx.x;
+  const int group = threadIdx.y;
+  const int groups = blockDim.y;
+  const int warp_slot = threadIdx.z * groups + group;
+  const int rows = p.seqlen_q * p.num_heads;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
+  CombineUnit u;
+  u.active = unit < static_cast<int64_t>(p.batch) * rows * kCombineChunks;  // the last CTA may overhang
+  const int64_t row_global = u.active ? unit / kCombineChunks : 0;          // b * rows + r
+  u.chunk = static_cast<int>(unit % kCombineChunks);
+  u.batch_index = static_cast<int>(row_global / rows);
+  u.row = static_cast<int>(row_global - static_cast<int64_t>(u.batch_index) * rows);
+  wait_for_previous_grid();  // the partials come from the main kernel, which may still be finishing
+  allow_next_grid_launch();
+
+  u.num_splits = p.num_splits;
+  u.lse_first = row_global * u.num_splits;
+  u.lse_stride = 1;
+  if (p.balanced_target > 0) {
+    const int first = p.split_table[2 * static_cast<int64_t>(u.batch_index)];
+    u.num_splits = p.split_table[2 * static_cast<int64_t>(u.batch_index) + 1];
+    u.lse_first = static_cast<int64_t>(first) * rows + u.row;
+    u.lse_stride = rows;
+    u.active = u.active && u.num_splits > 1;  // a sequence with one split got its outputs from the main kernel
+  }
+  combine_unit<T>(p, u, group, groups, warp_slot, lane, part_acc, part_sum);
+}
+
+// Warps per unit for a sequence of `splits` pieces: the power of two that sums them in one batch each, up to 16.
+__device__ __forceinline__ int combine_warps_for(int splits) {
+  int groups = 1;
+  while (groups < kCombineMaxWarps && groups * kCombineBatch < splits) groups *= 2;
+  return groups;
+}
+
+// CTA-sized chunks (kCombineMaxWarps warps) of a sequence's units with `groups` warps each.
+__device__ __forceinline__ int chunks_of_sequence(int units_per_sequence, int groups) {
+  return (units_per_sequence * groups + kCombineMaxWarps - 1) / kCombineMaxWarps;
+}
+
+// The combine of balanced calls with 2 to 32 sequences, laid out per sequence on the device: each sequence's units
+// get the warps its own split count needs (combine_warps_for), and its units x warps are cut into CTA-sized chunks
+// of kCombineMaxWarps warps, so a chunk holds one sequence and a unit never spans two CTAs. CTAs stride over the
+// chunks. A fixed count sized on the host (from the total split count) cannot tell a batch with one long sequence
+// from a uniform one: too few warps for the long sequence, or too many CTAs for the uniform batch (perf-notes v17).
+// blockDim = (32, kCombineMaxWarps).
+template <typename T>
+__global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
+    combine_by_sequence_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float4 part_acc[kCombineMaxWarps][32];
+  __shared__ float part_sum[kCombineMaxWarps];
+
+  const int lane = threadIdx.x;
+  const int warp = threadIdx.y;
+  const int rows = p.seqlen_q * p.num_heads;
+  const int units_per_sequence = rows * kCombineChunks;
+  wait_for_previous_grid();  // split_table and the partials come from the kernels before
+  allow_next_grid_launch();
+
+  // Lane b: sequence b's warps per unit, and the chunks of sequences 0 .. b (its own end).
+  const int splits = lane < p.batch ? p.split_table[2 * lane + 1] : 0;
+  int groups = splits > 1 ? combine_warps_for(splits) : 0;  // one split: outputs came from the main kernel
+  // Few units (a small batch of few rows) leave most of the grid idle: double every sequence's warps per unit while
+  // all of them still fit in the grid's warps at once, so each warp sums fewer splits.
+  int warps = units_per_sequence * groups;
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) warps += __shfl_xor_sync(0xffffffffu, warps, off);
+  for (int i = 0; i < 4 && 2 * warps <= static_cast<int>(gridDim.x) * kCombineMaxWarps; ++i) {
+    const int before = groups;
+    groups = min(2 * groups, kCombineMaxWarps);
+    int added = units_per_sequence * (groups - before);
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) added += __shfl_xor_sync(0xffffffffu, added, off);
+    warps += added;
+  }
+  const int end = warp_inclusive_sum(chunks_of_sequence(units_per_sequence, groups));
+  const int total_chunks = __shfl_sync(0xffffffffu, end, 31);
+
+  for (int c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+    const int b = __popc(__ballot_sync(0xffffffffu, end <= c));  // ends grow with b: the sequences before chunk c
+    const int seq_groups = __shfl_sync(0xffffffffu, groups, b);
+    const int seq_begin = __shfl_sync(0xffffffffu, end, b) - chunks_of_sequence(units_per_sequence, seq_groups);
+    const int slot = (c - seq_begin) * kCombineMaxWarps + warp;
+    const int unit = slot / seq_groups;  // a power of two that divides kCombineMaxWarps: units stay in this CTA
+    CombineUnit u;
+    u.active = unit < units_per_sequence;  // the last chunk of a sequence may overhang
+    u.batch_index = b;
+    u.row = unit / kCombineChunks;
+    u.chunk = unit % kCombineChunks;
+    u.num_splits = p.split_table[2 * b + 1];  // read again (cached) rather than held through the loop
+    u.lse_first = static_cast<int64_t>(p.split_table[2 * b]) * rows + u.row;
+    u.lse_stride = rows;
+    combine_unit<T>(p, u, slot % seq_groups, seq_groups, warp, lane, part_acc, part_sum);
+    __syncthreads();  // the next chunk reuses part_acc
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -111,8 +112,17 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 }
 
 template <typename T>
-void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap) {
+void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
   const int64_t units = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * kCombineChunks;
+  if (p.balanced_target > 0 && p.batch >= 2 && p.batch <= kCombineBySequenceMaxBatch) {
+    // Warps per unit follow each sequence's split count on the device. A sequence takes at most units / B chunks
+    // (16 warps per unit); the CTAs stride over the chunks, two resident per SM (512 threads of 64 registers). A
+    // batch of one is never ragged, and the fixed sizing below measured faster for it at 16 heads (perf-notes v18).
+    const int64_t ctas = std::min<int64_t>(units, 2 * static_cast<int64_t>(sm_count));
+    launch_overlapped(combine_by_sequence_kernel<T>, dim3(static_cast<unsigned>(ctas)), dim3(32, kCombineMaxWarps), 0,
+                      stream, overlap, p, "mla decode split-combine kernel launch");
+    return;
+  }
   // Warps per unit (a power of two): enough that each sums at most one batch of splits, up to 16; then units per CTA
   // to reach 8 warps.
   // Balanced splits vary per sequence: size for twice the average.
@@ -153,7 +163,8 @@ void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const D
   if (!Cfg::kWalksRanges && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
   detail::launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                             overlap, p, "mla decode main kernel launch");
-  if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<typename Cfg::Element>(p, stream, overlap);
+  if (p.num_splits > 1 || p.balanced_target > 0)
+    detail::launch_combine<typename Cfg::Element>(p, stream, overlap, d.sm_count);
 }
 
 // Launches the first configuration that fits the device; false when none does.
@@ -181,7 +192,8 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     // Hopper: the wgmma + TMA kernel where it supports the problem (many rows per sequence), else the portable one.
     if (d.major == 9 && launch_decode_sm90<dtype>(p, stream, d.device)) {
       count_launch(KernelPath::kSm90);
-      if (p.num_splits > 1 || p.balanced_target > 0) detail::launch_combine<T>(p, stream, use_programmatic_launch(p));
+      if (p.num_splits > 1 || p.balanced_target > 0)
+        detail::launch_combine<T>(p, stream, use_programmatic_launch(p), d.sm_count);
       return;
     }
     using C = TensorCoreConfigs<T>;
