@@ -63,6 +63,14 @@ __device__ __forceinline__ void add_warp_partials(float4& acc, float& weight_sum
   }
 }
 
+// Warps per unit for `splits` pieces: the power of two that sums them in one batch each, up to 16. The launcher
+// sizes the fixed-count kernel with it, the per-sequence kernel each sequence.
+__host__ __device__ constexpr int combine_warps_for(int64_t splits) {
+  int groups = 1;
+  while (groups < kCombineMaxWarps && groups * kCombineBatch < splits) groups *= 2;
+  return groups;
+}
+
 // A unit is (query row of the batch, 128-column chunk) and the splits it merges: split s has its lse at
 // lse_partial[lse_first + s * lse_stride] and its values at kHeadDim times that offset.
 struct CombineUnit {
@@ -71,6 +79,15 @@ struct CombineUnit {
   int num_splits;
   int64_t lse_first, lse_stride;
 };
+
+// A balanced call's unit: its sequence's pieces are slots first .. first + count - 1 of split_table's row, rows
+// apart in the partials.
+__device__ __forceinline__ void read_sequence_splits(const DecodeParams& p, int rows, CombineUnit& u) {
+  const int64_t entry = 2 * static_cast<int64_t>(u.batch_index);
+  u.num_splits = p.split_table[entry + 1];
+  u.lse_first = static_cast<int64_t>(p.split_table[entry]) * rows + u.row;
+  u.lse_stride = rows;
+}
 
 // Merges one unit with G = groups warps at consecutive CTA slots (this one is warp `group` of them, at `warp_slot`):
 // warp g sums splits g, g + G, ... in batches of kCombineBatch independent loads, and the G partial sums are added
@@ -183,20 +200,10 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
   u.lse_first = row_global * u.num_splits;
   u.lse_stride = 1;
   if (p.balanced_target > 0) {
-    const int first = p.split_table[2 * static_cast<int64_t>(u.batch_index)];
-    u.num_splits = p.split_table[2 * static_cast<int64_t>(u.batch_index) + 1];
-    u.lse_first = static_cast<int64_t>(first) * rows + u.row;
-    u.lse_stride = rows;
+    read_sequence_splits(p, rows, u);
     u.active = u.active && u.num_splits > 1;  // a sequence with one split got its outputs from the main kernel
   }
   combine_unit<T>(p, u, group, groups, warp_slot, lane, part_acc, part_sum);
-}
-
-// Warps per unit for a sequence of `splits` pieces: the power of two that sums them in one batch each, up to 16.
-__device__ __forceinline__ int combine_warps_for(int splits) {
-  int groups = 1;
-  while (groups < kCombineMaxWarps && groups * kCombineBatch < splits) groups *= 2;
-  return groups;
 }
 
 // CTA-sized chunks (kCombineMaxWarps warps) of a sequence's units with `groups` warps each.
@@ -253,9 +260,7 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
     u.batch_index = b;
     u.row = unit / kCombineChunks;
     u.chunk = unit % kCombineChunks;
-    u.num_splits = p.split_table[2 * b + 1];  // read again (cached) rather than held through the loop
-    u.lse_first = static_cast<int64_t>(p.split_table[2 * b]) * rows + u.row;
-    u.lse_stride = rows;
+    read_sequence_splits(p, rows, u);  // read again (cached) rather than held through the loop
     combine_unit<T>(p, u, slot % seq_groups, seq_groups, warp, lane, part_acc, part_sum);
     __syncthreads();  // the next chunk reuses part_acc
   }

@@ -128,8 +128,7 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
   // Balanced splits vary per sequence: size for twice the average.
   int64_t splits = p.num_splits;
   if (p.balanced_target > 0) splits = (2 * static_cast<int64_t>(p.balanced_target) + p.batch - 1) / p.batch;
-  int groups = 1;
-  while (groups < kCombineMaxWarps && groups * kCombineBatch < splits) groups *= 2;
+  const int groups = combine_warps_for(splits);
   const int units_per_cta = groups >= 8 ? 1 : 8 / groups;
   const int64_t ctas = (units + units_per_cta - 1) / units_per_cta;
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: too many query rows for one combine launch");
