@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
+from axes import DTYPE_IDS, DTYPES, requires_cuda
 from checks import assert_matches_reference, decode_all_ways
 from make_inputs import make_problem
 from reference import decode_reference
@@ -49,15 +49,30 @@ def test_ragged_batch_with_default_split(dtype, page_size, num_heads, seqlen_q, 
 
 
 @pytest.mark.parametrize("num_heads", [1, 24, 128])
-@pytest.mark.parametrize("batch", [2, 7, 32])
+@pytest.mark.parametrize("batch", [2, 7, 32, 33])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-def test_small_ragged_batch(dtype, batch, num_heads, device, gen):
-    """Up to 32 sequences: on CUDA the combine lays each sequence's units out by its own piece count (one long
-    sequence of many pieces, short ones of one; one head leaves most of a CTA's warps without a unit)."""
+def test_one_long_sequence_among_short_ones(dtype, batch, num_heads, device, gen):
+    """On CUDA the combine lays each sequence's units out by its own piece count (one long sequence of many pieces,
+    short ones of one; one head leaves most of a CTA's warps without a unit)."""
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
     lens = [3000] + [rng.randint(0, 300) for _ in range(batch - 1)]
     rng.shuffle(lens)
     problem = make_problem(gen, device=device, dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_heads", [40, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
+def test_more_sequences_than_combine_threads(dtype, num_heads, gen):
+    """600 sequences of many rows: each of the CUDA combine layout's 512 threads takes two; long ones of many pieces
+    among short and empty ones of one."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [3000, 2000, 1000] + [rng.randint(0, 40) for _ in range(597)]
+    rng.shuffle(lens)
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)
     out, lse = decode_all_ways(problem)
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")

@@ -17,7 +17,6 @@ constexpr int kCombineColumns = 128;                        // output columns pe
 constexpr int kCombineChunks = kHeadDim / kCombineColumns;  // units per query row
 constexpr int kCombineMaxWarps = 16;                        // warps per CTA
 constexpr int kCombineBatch = 8;                            // splits whose loads a warp keeps in flight at once
-constexpr int kCombineBySequenceMaxBatch = 32;              // combine_by_sequence_kernel: one lane per sequence
 
 // Maximum that keeps NaN (fmaxf drops it): a split that saw a non-finite key makes the whole row NaN.
 __device__ __forceinline__ float max_keep_nan(float a, float b) {
@@ -211,58 +210,175 @@ __device__ __forceinline__ int chunks_of_sequence(int units_per_sequence, int gr
   return (units_per_sequence * groups + kCombineMaxWarps - 1) / kCombineMaxWarps;
 }
 
-// The combine of balanced calls with 2 to 32 sequences, laid out per sequence on the device: each sequence's units
-// get the warps its own split count needs (combine_warps_for), and its units x warps are cut into CTA-sized chunks
-// of kCombineMaxWarps warps, so a chunk holds one sequence and a unit never spans two CTAs. CTAs stride over the
-// chunks. A fixed count sized on the host (from the total split count) cannot tell a batch with one long sequence
-// from a uniform one: too few warps for the long sequence, or too many CTAs for the uniform batch (perf-notes v17).
-// blockDim = (32, kCombineMaxWarps).
-template <typename T>
-__global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
-    combine_by_sequence_kernel(const __grid_constant__ DecodeParams p) {
+// Sequence b's warps per unit, 0 for a sequence of one split (the main kernel wrote its outputs).
+__device__ __forceinline__ int sequence_warps(const DecodeParams& p, int b) {
+  const int splits = p.split_table[2 * static_cast<int64_t>(b) + 1];
+  return splits > 1 ? combine_warps_for(splits) : 0;
+}
+
+// Warps per unit after `doublings` doublings, at most kCombineMaxWarps (0 stays 0).
+__device__ __forceinline__ int doubled(int warps, int doublings) {
+  return min(warps << doublings, kCombineMaxWarps);
+}
+
+constexpr int kCombineDoublings = 4;  // one warp per unit up to kCombineMaxWarps
+
+// How many doublings of every sequence's warps per unit still fit all of them in the grid's warps at once, given
+// warps_at(k): the batch's warps per unit after k doublings (times units per sequence: the grid's warps). Few
+// units (a small batch of few rows) would leave most of the grid idle; doubling makes each warp sum fewer splits.
+template <class WarpsAt>
+__device__ __forceinline__ int doublings_that_fit(int units_per_sequence, WarpsAt warps_at) {
+  const int64_t grid_warps = static_cast<int64_t>(gridDim.x) * kCombineMaxWarps;
+  int doublings = 0;
+  while (doublings < kCombineDoublings && 2 * warps_at(doublings) * units_per_sequence <= grid_warps) ++doublings;
+  return doublings;
+}
+
+// Where a sequence's units lie in the combine's chunks: its first chunk and its warps per unit.
+struct SequenceChunks {
+  int batch_index, first_chunk, warps;
+};
+
+// Up to 32 sequences: lane b of every warp holds sequence b's warps per unit and chunk end; no shared memory, no
+// barrier.
+struct NarrowBatchLayout {
+  int warps, end, total_chunks;
+
+  __device__ __forceinline__ NarrowBatchLayout(const DecodeParams& p, int units_per_sequence) {
+    const int lane = threadIdx.x;
+    const int own = lane < p.batch ? sequence_warps(p, lane) : 0;
+    const int doublings = doublings_that_fit(units_per_sequence, [&](int k) {
+      int sum = doubled(own, k);
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      return static_cast<int64_t>(sum);
+    });
+    warps = doubled(own, doublings);
+    end = warp_inclusive_sum(chunks_of_sequence(units_per_sequence, warps));
+    total_chunks = __shfl_sync(0xffffffffu, end, 31);
+  }
+
+  __device__ __forceinline__ SequenceChunks locate(const DecodeParams&, int units_per_sequence, int c) const {
+    const int b = __popc(__ballot_sync(0xffffffffu, end <= c));  // ends grow with b: the sequences before chunk c
+    const int seq_warps = __shfl_sync(0xffffffffu, warps, b);
+    return {b, __shfl_sync(0xffffffffu, end, b) - chunks_of_sequence(units_per_sequence, seq_warps), seq_warps};
+  }
+};
+
+// Any number of sequences: thread t (of 512) lays out sequences [t * per, t * per + per) and a block-wide prefix
+// sum gives each thread's chunk end, kept in shared memory for the lookups. Three barriers.
+struct WideBatchLayout {
+  static constexpr int kThreads = 32 * kCombineMaxWarps;
+  struct Shared {
+    int warp_warps[kCombineMaxWarps][kCombineDoublings + 1];  // per warp: its sequences' warps per unit, summed
+    int warp_chunks[kCombineMaxWarps];
+    int thread_end[kThreads];  // chunks of the sequences of threads 0 .. t
+  };
+  Shared& sh;
+  int per, doublings, total_chunks;
+
+  __device__ __forceinline__ WideBatchLayout(const DecodeParams& p, int units_per_sequence, Shared& shared)
+      : sh(shared) {
+    const int lane = threadIdx.x;
+    const int warp = threadIdx.y;
+    const int thread = warp * 32 + lane;
+    per = (p.batch + kThreads - 1) / kThreads;
+    const int first = min(thread * per, p.batch);
+    const int last = min(first + per, p.batch);
+    int warps[kCombineDoublings + 1] = {};
+    for (int b = first; b < last; ++b) {
+      const int own = sequence_warps(p, b);
+#pragma unroll
+      for (int k = 0; k <= kCombineDoublings; ++k) warps[k] += doubled(own, k);
+    }
+#pragma unroll
+    for (int k = 0; k <= kCombineDoublings; ++k) {
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) warps[k] += __shfl_xor_sync(0xffffffffu, warps[k], off);
+      if (lane == 0) sh.warp_warps[warp][k] = warps[k];
+    }
+    __syncthreads();
+    doublings = doublings_that_fit(units_per_sequence, [&](int k) {
+      int64_t sum = 0;
+      for (int w = 0; w < kCombineMaxWarps; ++w) sum += sh.warp_warps[w][k];
+      return sum;
+    });
+    int chunks = 0;
+    for (int b = first; b < last; ++b) {
+      chunks += chunks_of_sequence(units_per_sequence, doubled(sequence_warps(p, b), doublings));
+    }
+    const int inclusive = warp_inclusive_sum(chunks);
+    if (lane == 31) sh.warp_chunks[warp] = inclusive;
+    __syncthreads();
+    int before = 0;
+    total_chunks = 0;
+    for (int w = 0; w < kCombineMaxWarps; ++w) {
+      before += w < warp ? sh.warp_chunks[w] : 0;
+      total_chunks += sh.warp_chunks[w];
+    }
+    sh.thread_end[thread] = before + inclusive;
+    __syncthreads();
+  }
+
+  __device__ __forceinline__ SequenceChunks locate(const DecodeParams& p, int units_per_sequence, int c) const {
+    // The thread whose sequences hold chunk c: the first whose end passes c (ends grow with the thread), found 16
+    // threads at a time, then one; then its sequences in turn.
+    const int lane = threadIdx.x;
+    const int coarse = __popc(__ballot_sync(0xffffffffu, sh.thread_end[16 * lane + 15] <= c));
+    const int owner =
+        16 * coarse + __popc(__ballot_sync(0xffffffffu, lane < 16 && sh.thread_end[16 * coarse + lane] <= c));
+    SequenceChunks s{owner * per, owner == 0 ? 0 : sh.thread_end[owner - 1], 0};
+    s.warps = doubled(sequence_warps(p, s.batch_index), doublings);
+    for (int n = chunks_of_sequence(units_per_sequence, s.warps); s.first_chunk + n <= c;
+         n = chunks_of_sequence(units_per_sequence, s.warps)) {
+      s.first_chunk += n;
+      s.warps = doubled(sequence_warps(p, ++s.batch_index), doublings);
+    }
+    return s;
+  }
+};
+
+// The chunks of one CTA of combine_by_sequence_kernel, in turn.
+template <typename T, class Layout>
+__device__ __forceinline__ void combine_chunks(const DecodeParams& p, const Layout& layout, int rows) {
   __shared__ float4 part_acc[kCombineMaxWarps][32];
   __shared__ float part_sum[kCombineMaxWarps];
-
   const int lane = threadIdx.x;
   const int warp = threadIdx.y;
-  const int rows = p.seqlen_q * p.num_heads;
   const int units_per_sequence = rows * kCombineChunks;
-  wait_for_previous_grid();  // split_table and the partials come from the kernels before
-  allow_next_grid_launch();
-
-  // Lane b: sequence b's warps per unit, and the chunks of sequences 0 .. b (its own end).
-  const int splits = lane < p.batch ? p.split_table[2 * lane + 1] : 0;
-  int groups = splits > 1 ? combine_warps_for(splits) : 0;  // one split: outputs came from the main kernel
-  // Few units (a small batch of few rows) leave most of the grid idle: double every sequence's warps per unit while
-  // all of them still fit in the grid's warps at once, so each warp sums fewer splits.
-  int warps = units_per_sequence * groups;
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) warps += __shfl_xor_sync(0xffffffffu, warps, off);
-  for (int i = 0; i < 4 && 2 * warps <= static_cast<int>(gridDim.x) * kCombineMaxWarps; ++i) {
-    const int before = groups;
-    groups = min(2 * groups, kCombineMaxWarps);
-    int added = units_per_sequence * (groups - before);
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) added += __shfl_xor_sync(0xffffffffu, added, off);
-    warps += added;
-  }
-  const int end = warp_inclusive_sum(chunks_of_sequence(units_per_sequence, groups));
-  const int total_chunks = __shfl_sync(0xffffffffu, end, 31);
-
-  for (int c = blockIdx.x; c < total_chunks; c += gridDim.x) {
-    const int b = __popc(__ballot_sync(0xffffffffu, end <= c));  // ends grow with b: the sequences before chunk c
-    const int seq_groups = __shfl_sync(0xffffffffu, groups, b);
-    const int seq_begin = __shfl_sync(0xffffffffu, end, b) - chunks_of_sequence(units_per_sequence, seq_groups);
-    const int slot = (c - seq_begin) * kCombineMaxWarps + warp;
-    const int unit = slot / seq_groups;  // a power of two that divides kCombineMaxWarps: units stay in this CTA
+  for (int c = blockIdx.x; c < layout.total_chunks; c += gridDim.x) {
+    const SequenceChunks s = layout.locate(p, units_per_sequence, c);
+    const int slot = (c - s.first_chunk) * kCombineMaxWarps + warp;
+    const int unit = slot / s.warps;  // a power of two that divides kCombineMaxWarps: units stay in this CTA
     CombineUnit u;
     u.active = unit < units_per_sequence;  // the last chunk of a sequence may overhang
-    u.batch_index = b;
+    u.batch_index = s.batch_index;
     u.row = unit / kCombineChunks;
     u.chunk = unit % kCombineChunks;
-    read_sequence_splits(p, rows, u);  // read again (cached) rather than held through the loop
-    combine_unit<T>(p, u, slot % seq_groups, seq_groups, warp, lane, part_acc, part_sum);
-    __syncthreads();  // the next chunk reuses part_acc
+    read_sequence_splits(p, rows, u);
+    combine_unit<T>(p, u, slot % s.warps, s.warps, warp, lane, part_acc, part_sum);
+    if (s.warps > 1) __syncthreads();  // the next chunk may reuse part_acc (one warp per unit uses none)
+  }
+}
+
+// The combine of balanced calls with two or more sequences, laid out per sequence on the device (narrow or wide
+// batch layout): each sequence's units get the warps its own split count needs (combine_warps_for), and its units
+// x warps are cut into CTA-sized chunks of kCombineMaxWarps warps, so a chunk holds one sequence and a unit never
+// spans two CTAs. CTAs stride over the chunks; a batch whose sequences all have one split has none, and its CTAs
+// leave after the layout. A fixed count sized on the host (from the total split count) cannot tell a batch with one
+// long sequence from a uniform one: too few warps for the long sequence, or too many CTAs for the uniform batch
+// (perf-notes v17, v19). blockDim = (32, kCombineMaxWarps).
+template <typename T, bool kWideBatch>
+__global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
+    combine_by_sequence_kernel(const __grid_constant__ DecodeParams p) {
+  const int rows = p.seqlen_q * p.num_heads;
+  wait_for_previous_grid();  // split_table and the partials come from the kernels before
+  allow_next_grid_launch();
+  if constexpr (kWideBatch) {
+    __shared__ WideBatchLayout::Shared shared;
+    combine_chunks<T>(p, WideBatchLayout(p, rows * kCombineChunks, shared), rows);
+  } else {
+    combine_chunks<T>(p, NarrowBatchLayout(p, rows * kCombineChunks), rows);
   }
 }
 

@@ -113,14 +113,21 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 
 template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
-  const int64_t units = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * kCombineChunks;
-  if (p.balanced_target > 0 && p.batch >= 2 && p.batch <= kCombineBySequenceMaxBatch) {
-    // Warps per unit follow each sequence's split count on the device. A sequence takes at most units / B chunks
-    // (16 warps per unit); the CTAs stride over the chunks, two resident per SM (512 threads of 64 registers). A
-    // batch of one is never ragged, and the fixed sizing below measured faster for it at 16 heads (perf-notes v18).
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  const int64_t units = p.batch * rows * kCombineChunks;
+  // Balanced calls: warps per unit follow each sequence's split count on the device; the CTAs stride over the
+  // sequences' chunks, two resident per SM (512 threads of 64 registers). Up to 32 sequences, one lane each
+  // (perf-notes v18). More sequences with many rows, where the plan gives each sequence one piece once the batch
+  // fills a wave and the fixed count below launches thousands of CTAs with nothing to merge (v19). A batch of one is
+  // never ragged, and the fixed sizing measured faster for it at 16 heads (v18). Wide batches of few rows keep it
+  // too: their plan cuts every sequence, and the per-sequence layout showed no gain there (v19).
+  const bool narrow = p.batch >= 2 && p.batch <= 32;
+  const bool wide = p.batch > 32 && rows > 32 && units <= INT_MAX;
+  if (p.balanced_target > 0 && (narrow || wide)) {
     const int64_t ctas = std::min<int64_t>(units, 2 * static_cast<int64_t>(sm_count));
-    launch_overlapped(combine_by_sequence_kernel<T>, dim3(static_cast<unsigned>(ctas)), dim3(32, kCombineMaxWarps), 0,
-                      stream, overlap, p, "mla decode split-combine kernel launch");
+    launch_overlapped(narrow ? combine_by_sequence_kernel<T, false> : combine_by_sequence_kernel<T, true>,
+                      dim3(static_cast<unsigned>(ctas)), dim3(32, kCombineMaxWarps), 0, stream, overlap, p,
+                      "mla decode split-combine kernel launch");
     return;
   }
   // Warps per unit (a power of two): enough that each sums at most one batch of splits, up to 16; then units per CTA
