@@ -64,13 +64,15 @@ def test_one_long_sequence_among_short_ones(dtype, batch, num_heads, device, gen
 
 
 @requires_cuda
+@pytest.mark.parametrize("uniform", [False, True], ids=["ragged", "uniform"])
 @pytest.mark.parametrize("num_heads", [40, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
-def test_more_sequences_than_combine_threads(dtype, num_heads, gen):
-    """600 sequences of many rows: each of the CUDA combine layout's 512 threads takes two; long ones of many pieces
-    among short and empty ones of one."""
+def test_more_sequences_than_combine_threads(dtype, num_heads, uniform, gen):
+    """600 sequences of many rows: each of the CUDA combine layout's 512 threads takes two. Ragged: long ones of many
+    pieces among short and empty ones of one. Uniform: sequences in one piece (every one for the many-row work items,
+    600 of them fill several waves), whose outputs the main kernel writes and the combine must leave alone."""
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
-    lens = [3000, 2000, 1000] + [rng.randint(0, 40) for _ in range(597)]
+    lens = [300] * 600 if uniform else [3000, 2000, 1000] + [rng.randint(0, 40) for _ in range(597)]
     rng.shuffle(lens)
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)
     out, lse = decode_all_ways(problem)
