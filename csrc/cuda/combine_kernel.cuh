@@ -242,6 +242,7 @@ struct SequenceChunks {
 // Up to 32 sequences: lane b of every warp holds sequence b's warps per unit and chunk end; no shared memory, no
 // barrier.
 struct NarrowBatchLayout {
+  static constexpr int kMaxBatch = 32;  // one lane per sequence
   int warps, end, total_chunks;
 
   __device__ __forceinline__ NarrowBatchLayout(const DecodeParams& p, int units_per_sequence) {

@@ -117,13 +117,15 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
   const int64_t units = p.batch * rows * kCombineChunks;
   // Balanced calls: warps per unit follow each sequence's split count on the device; the CTAs stride over the
   // sequences' chunks, two resident per SM (512 threads of 64 registers). Up to 32 sequences, one lane each
-  // (perf-notes v18). More sequences with many rows, where the plan gives each sequence one piece once the batch
-  // fills a wave and the fixed count below launches thousands of CTAs with nothing to merge (v19). A batch of one is
-  // never ragged, and the fixed sizing measured faster for it at 16 heads (v18). Wide batches of few rows keep it
-  // too: their plan cuts every sequence, and the per-sequence layout showed no gain there (v19).
-  const bool narrow = p.batch >= 2 && p.batch <= 32;
-  const bool wide = p.batch > 32 && rows > 32 && units <= INT_MAX;
-  if (p.balanced_target > 0 && (narrow || wide)) {
+  // (perf-notes v18). More sequences when the many-row kernels' work items split them (balanced_seq_cost == 0): that
+  // plan gives each sequence one piece once the batch fills a wave, where the fixed count below launches thousands of
+  // CTAs with nothing to merge (v19). A batch of one is never ragged, and the fixed sizing measured faster for it at
+  // 16 heads (v18). Wider batches walked as ranges keep it too: ranges cut nearly every sequence, and the per-sequence
+  // layout showed no gain there (v19). Its chunk arithmetic is 32-bit.
+  const bool narrow = p.batch >= 2 && p.batch <= NarrowBatchLayout::kMaxBatch;
+  const bool wide = p.batch > NarrowBatchLayout::kMaxBatch && p.balanced_seq_cost == 0;
+  const bool fits_int = units * kCombineMaxWarps <= INT_MAX;
+  if (p.balanced_target > 0 && (narrow || wide) && fits_int) {
     const int64_t ctas = std::min<int64_t>(units, 2 * static_cast<int64_t>(sm_count));
     launch_overlapped(narrow ? combine_by_sequence_kernel<T, false> : combine_by_sequence_kernel<T, true>,
                       dim3(static_cast<unsigned>(ctas)), dim3(32, kCombineMaxWarps), 0, stream, overlap, p,
