@@ -10,6 +10,7 @@
 #include "../params.h"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
+#include "split_table.cuh"
 
 namespace mla::cuda {
 
@@ -82,9 +83,8 @@ struct CombineUnit {
 // A balanced call's unit: its sequence's pieces are slots first .. first + count - 1 of split_table's row, rows
 // apart in the partials.
 __device__ __forceinline__ void read_sequence_splits(const DecodeParams& p, int rows, CombineUnit& u) {
-  const int64_t entry = 2 * static_cast<int64_t>(u.batch_index);
-  u.num_splits = p.split_table[entry + 1];
-  u.lse_first = static_cast<int64_t>(p.split_table[entry]) * rows + u.row;
+  u.num_splits = sequence_pieces(p, u.batch_index);
+  u.lse_first = static_cast<int64_t>(sequence_first_slot(p, u.batch_index)) * rows + u.row;
   u.lse_stride = rows;
 }
 
@@ -212,7 +212,7 @@ __device__ __forceinline__ int chunks_of_sequence(int units_per_sequence, int gr
 
 // Sequence b's warps per unit, 0 for a sequence of one split (the main kernel wrote its outputs).
 __device__ __forceinline__ int sequence_warps(const DecodeParams& p, int b) {
-  const int splits = p.split_table[2 * static_cast<int64_t>(b) + 1];
+  const int splits = sequence_pieces(p, b);
   return splits > 1 ? combine_warps_for(splits) : 0;
 }
 

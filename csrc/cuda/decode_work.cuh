@@ -10,6 +10,7 @@
 #include "balanced_items.cuh"
 #include "balanced_ranges.cuh"
 #include "device_primitives.cuh"
+#include "split_table.cuh"
 
 namespace mla::cuda {
 
@@ -118,8 +119,7 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
   w.single_split = pieces == 1;
   // split_table, unless the planner kernel wrote it; every row block writes the same values
   if (p.balanced_target > 0 && (kWalksRanges || p.item_table == nullptr) && w.split == 0 && !spare && record) {
-    p.split_table[2 * static_cast<int64_t>(w.batch_index)] = first;
-    p.split_table[2 * static_cast<int64_t>(w.batch_index) + 1] = pieces;
+    record_sequence_pieces(p, w.batch_index, first, pieces);
   }
   const int last_row = min(w.row_begin + kRowTile, w.rows) - 1;
   end = min(end, static_cast<int64_t>(row_key_limit(p, w.seq_len, last_row)));  // later tokens see the most keys

@@ -11,6 +11,7 @@
 #include "../params.h"
 #include "balanced_items.cuh"
 #include "device_primitives.cuh"
+#include "split_table.cuh"
 
 namespace mla::cuda {
 
@@ -34,8 +35,7 @@ static __global__ void __launch_bounds__(32) plan_work_items_kernel(const __grid
     const int single_sum = warp_inclusive_sum(own_single);
     if (b < p.batch) {
       const int first = own_long > 0 ? long_before + long_sum - own_long : single_before + single_sum - 1;
-      p.split_table[2 * static_cast<int64_t>(b)] = first;
-      p.split_table[2 * static_cast<int64_t>(b) + 1] = s.count;
+      record_sequence_pieces(p, b, first, s.count);
       const int4 entry = make_int4(b, first, s.count, s.length);
       for (int k = 0; k < s.count && first + k < p.num_splits; ++k) items[first + k] = entry;
     }
