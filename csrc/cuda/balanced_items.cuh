@@ -20,7 +20,7 @@
 
 namespace mla::cuda {
 
-// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (a power of two: 16,
+// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (a power of two: 32,
 // or the key tile of a kernel whose tiles must start on tile boundaries), so rounding is a mask. Longer than the
 // capacity changes nothing, so lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (every
 // lane runs this for every sequence, and 64-bit division is several times slower).
