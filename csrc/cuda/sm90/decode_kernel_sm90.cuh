@@ -134,7 +134,7 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
         mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
       }
       const int block = C::walk_block(stage, i);
-      const uint32_t full = full_bar + 8 * (stage * C::kBlocks + block);
+      const uint32_t full = full_barrier(full_bar, tile, block);
       if (page < 0) {
         mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
         continue;
@@ -203,6 +203,13 @@ __device__ __forceinline__ void issue_values(float (&acc)[128], int tile, bool l
 __device__ __forceinline__ void release_half(uint32_t empty_bar, int tile, int cw, int lane) {
   __syncwarp();
   if (lane == 0) mbarrier_arrive(empty_barrier(empty_bar, tile % C::kStages, cw));
+}
+
+// This warpgroup's P . V of the tile (its last wgmma group) completes; then its V half is released.
+__device__ __forceinline__ void finish_values(float (&acc)[128], uint32_t empty_bar, int tile, int cw, int lane) {
+  wgmma_wait<0>();
+  fence_registers(acc);
+  release_half(empty_bar, tile, cw, lane);
 }
 
 __device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
@@ -389,18 +396,14 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
       issue_values<T>(acc, a, loaded_a, kv_smem, 0);
       if (a + 1 == n) break;
       // P . V(a), then free half 0 of stage 0 before waiting for WG1's softmax: tile a + 2 starts loading under it.
-      wgmma_wait<0>();
-      fence_registers(acc);
-      release_half(empty_bar, a, 0, lane);
+      finish_values(acc, empty_bar, a, 0, lane);
       other_tile<0>(a + 1, loaded_b, full_bar, warp_row, published, row_max, row_sum, alpha);
       rescale(acc, alpha);
       issue_values<T>(acc, a + 1, loaded_b, kv_smem, 0);
       // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
       // wait for a + 2's copies. (WG1's P . V(b) keeps the tensor cores busy meanwhile, and S(a + 2) starts on the
       // half requested under softmax b.)
-      wgmma_wait<0>();
-      fence_registers(acc);
-      release_half(empty_bar, a + 1, 0, lane);
+      finish_values(acc, empty_bar, a + 1, 0, lane);
       if (a + 2 < n) issue_scores<T, 0>(a + 2, q_smem, kv_smem, full_bar, s);
     }
   } else {
@@ -420,15 +423,11 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
       if (a + 1 == n) break;
       own_tile<T>(w, a + 1, loaded_b, s, limit, scale_log2, smem, tid, lane, warp_row, published, row_max, row_sum,
                   alpha);
-      wgmma_wait<0>();  // P . V(a)
-      fence_registers(acc);
-      release_half(empty_bar, a, 1, lane);
+      finish_values(acc, empty_bar, a, 1, lane);  // P . V(a)
       rescale(acc, alpha);
       issue_values<T>(acc, a + 1, loaded_b, kv_smem, 1);
       // S(b + 2) reads the stage of b: half 1 of it cannot be refilled before this warpgroup's P . V(b) is complete.
-      wgmma_wait<0>();
-      fence_registers(acc);
-      release_half(empty_bar, a + 1, 1, lane);
+      finish_values(acc, empty_bar, a + 1, 1, lane);
       if (a + 3 < n) issue_scores<T, 1>(a + 3, q_smem, kv_smem, full_bar, s);
     }
   }
