@@ -20,10 +20,10 @@
 
 namespace mla::cuda {
 
-// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (a power of two: 32,
-// or the key tile of a kernel whose tiles must start on tile boundaries), so rounding is a mask. Longer than the
-// capacity changes nothing, so lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (every
-// lane runs this for every sequence, and 64-bit division is several times slower).
+// Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (for work items the
+// many-row kernels' 64-key tile, a power of two), so rounding is a mask. Longer than the capacity changes nothing, so
+// lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (every lane runs this for every
+// sequence, and 64-bit division is several times slower).
 __device__ __forceinline__ unsigned round_up_split(const DecodeParams& p, unsigned x) {
   const unsigned align = static_cast<unsigned>(p.kv_len_per_split);
   x = min(x, static_cast<unsigned>(p.capacity));

@@ -28,7 +28,8 @@ __device__ __forceinline__ int64_t line_positions(const DecodeParams& p, int len
   return static_cast<int64_t>(max(len, 1)) + p.balanced_seq_cost;
 }
 
-// Cuts fall on multiples of the alignment (kv_len_per_split in balanced mode: 32 or 64, a power of two).
+// Cuts fall on multiples of the alignment (kv_len_per_split in balanced mode: for ranges the few-row kernels' 32-key
+// tile, a power of two).
 __device__ __forceinline__ int64_t round_up_cut(const DecodeParams& p, int64_t x) {
   const int64_t align = p.kv_len_per_split;
   return (x + align - 1) & ~(align - 1);

@@ -29,7 +29,7 @@ struct BalancedSplit {
   int target;
   float split_cost;
   int seq_cost;
-  int align;  // cuts fall on multiples of it: the key tile of the many-row kernels (whose tiles stay aligned)
+  int align;  // cuts fall on multiples of it: the key tile of the kernels that walk the plan (32 or 64 keys)
 };
 BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype);
 

@@ -20,6 +20,9 @@ constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16
 // Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
 // elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
 constexpr int64_t kLargeRowSplitAlign = 64;
+// Balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 16-key tiles divide it): 16-key
+// cuts left a half-empty tile at most cuts (perf-notes v21).
+constexpr int kRangeCutAlign = 32;
 constexpr int kDeepBatch = 4;  // balanced splits: batches up to this size use one CTA per SM
 constexpr double kCombineLaunchKeys = 32.0;
 
@@ -83,9 +86,7 @@ BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType
   // written and merged, proportional to the rows); the best L is sqrt(cost * n). cost = rows / 32 matches the
   // shape-only planner above for one sequence (e.g. L = 128 at 16 rows and 16K keys, 256 at 128 rows).
   const float split_cost = std::max(1.0f, static_cast<float>(rows_per_seq) / 32.0f);
-  // Cuts on the few- and mid-row kernels' 32-key tiles (fp32's 16-key tiles divide it): 16-key cuts left a half-empty
-  // tile at most cuts (perf-notes v21).
-  const int align = row_tile == kLargeRowTile ? 64 : 32;
+  const int align = row_tile == kLargeRowTile ? static_cast<int>(kLargeRowSplitAlign) : kRangeCutAlign;
   // Few rows: ranges, each sequence costing a CTA's overhead as in the shape-only planner. Many rows: work items;
   // there a cut costs 64+ fp32 partial rows and another query load, and ranges (which cut nearly every sequence of
   // a near-uniform batch) measured 1.05-1.45x slower than items on the H200 (perf-notes v11).
