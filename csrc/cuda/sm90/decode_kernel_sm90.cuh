@@ -31,9 +31,9 @@
 //
 // Synchronisation (phase parity of tile t: (t / 2) & 1; each mbarrier completes once per use of its stage):
 //   full[s][k]   18 mbarriers, count 1 (+ 8192 TMA bytes): the producer's arrive.expect_tx (a bare arrive for a tile
-//                whose page is not loaded). Waited by the owner (all 9 blocks, in walk order) and by the other
-//                warpgroup (its own V half only: the owner's half is re-armed once the owner frees it, which may be
-//                before the other warpgroup reaches the tile).
+//                whose page is not loaded). Waited by the owner only (all 9 blocks, in walk order, before its S);
+//                the other warpgroup reads its V half after the owner's signal (ready + s), which orders those
+//                copies before its reads.
 //   empty[s][h]  4 mbarriers, count 4: lane 0 of each warp of WG h, once its P . V of the tile is complete (or the
 //                tile was skipped). Waited by the producer before loading half h of tile t + 2 into stage s; both
 //                before its k_pe block.
@@ -322,11 +322,12 @@ __device__ __forceinline__ void own_tile(const CtaWork& w, int tile, bool loaded
   if (loaded) named_barrier(C::kOwnerBarrier + owner, C::kConsumerThreads / 2);
 }
 
-// The other warpgroup's step on tile t: wait for the owner's signal and take over its running max.
-template <int kWarpgroup>
-__device__ __forceinline__ void other_tile(int tile, bool loaded, uint32_t full_bar, int warp_row,
-                                           float (*published)[64], float (&row_max)[2], float (&row_sum)[2],
-                                           float (&alpha)[2]) {
+// The other warpgroup's step on tile t: wait for the owner's signal and take over its running max. Its V half of
+// the tile needs no wait of its own: the owner observed every block's copy before its S, and its signal follows
+// (an mbarrier wait costs ~120 cycles even on a completed phase, and these four sat between each signal and the
+// product behind it).
+__device__ __forceinline__ void other_tile(int tile, bool loaded, int warp_row, float (*published)[64],
+                                           float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2]) {
   const int owner = tile % C::kStages;
   named_barrier(C::kReadyBarrier + owner, C::kConsumerThreads);
   alpha[0] = alpha[1] = 1.f;
@@ -334,13 +335,6 @@ __device__ __forceinline__ void other_tile(int tile, bool loaded, uint32_t full_
     const float m_new[2] = {published[owner][warp_row], published[owner][warp_row + 8]};
     float offset[2];
     advance_max(m_new, row_max, row_sum, alpha, offset);
-  }
-  // The owner waited for all of the tile's copies before its S; this warpgroup reads its V half too, so it observes
-  // those phases (complete by now: the half is not refilled before this warpgroup frees it). Not the owner's half:
-  // the owner may have freed it already and the producer re-armed its barriers for tile t + 2.
-#pragma unroll
-  for (int j = 0; j < C::kHalfBlocks; ++j) {
-    mbarrier_wait(full_barrier(full_bar, tile, kWarpgroup * C::kHalfBlocks + j), phase_parity(tile));
   }
 }
 
@@ -397,7 +391,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
       if (a + 1 == n) break;
       // P . V(a), then free half 0 of stage 0 before waiting for WG1's softmax: tile a + 2 starts loading under it.
       finish_values(acc, empty_bar, a, 0, lane);
-      other_tile<0>(a + 1, loaded_b, full_bar, warp_row, published, row_max, row_sum, alpha);
+      other_tile(a + 1, loaded_b, warp_row, published, row_max, row_sum, alpha);
       rescale(acc, alpha);
       issue_values<T>(acc, a + 1, loaded_b, kv_smem, 0);
       // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
@@ -413,7 +407,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
     for (int a = 0; a < n; a += 2) {
       const bool loaded_a = tile_loaded(p, w, a);
       const bool loaded_b = a + 1 < n && tile_loaded(p, w, a + 1);
-      other_tile<1>(a, loaded_a, full_bar, warp_row, published, row_max, row_sum, alpha);
+      other_tile(a, loaded_a, warp_row, published, row_max, row_sum, alpha);
       // S(b): P . V(a) would run behind it anyway (one warpgroup's wgmmas complete in order)
       wgmma_wait<0>();
       fence_registers(s);
