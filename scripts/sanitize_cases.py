@@ -219,8 +219,8 @@ def kernel_cases() -> list[Case]:
             page_size=1,
             kv_len_per_split=32,
         ),
-        Case("simt-fp32-H16-combine", dtype="fp32", lens=[90], num_heads=16, kv_len_per_split=32),
-        Case("simt-fp32-H128-page64", dtype="fp32", lens=[130], num_heads=128, page_size=64),
+        Case("tf32-fp32-H16-combine", dtype="fp32", lens=[90], num_heads=16, kv_len_per_split=32),
+        Case("tf32-fp32-H128-page64", dtype="fp32", lens=[130], num_heads=128, page_size=64),
         Case("h64plus-bf16-H128-dense", lens=[200], num_heads=128),
         Case("h64plus-bf16-H64-page64-combine", lens=[130, 5], num_heads=64, page_size=64, kv_len_per_split=64),
         Case(
@@ -247,7 +247,7 @@ def balanced_cases() -> list[Case]:
     one_wave = [8192, 8155] + [(i * 7) % 97 + 2 for i in range(60)]
     return [
         Case("balanced-ranges-dim-split-bf16-page16", lens=short_16, num_heads=16, page_size=16),
-        Case("balanced-ranges-simt-fp32-page16", dtype="fp32", lens=short_16[300:], num_heads=16, page_size=16),
+        Case("balanced-ranges-tf32-fp32-page16", dtype="fp32", lens=short_16[300:], num_heads=16, page_size=16),
         Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=short_128, num_heads=128, page_size=16),
         Case("balanced-items-h64plus-bf16-page64", lens=short_128, num_heads=128, page_size=64),
         Case("balanced-items-one-wave-bf16-page64", lens=one_wave, num_heads=128, page_size=64),

@@ -1,6 +1,7 @@
 """Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with many query rows per sequence take
-the wgmma + TMA kernel, everything else the portable kernel, and both agree with the float64 reference. Launches
-are counted per path by the private op torch.ops.mla._kernel_launch_counts() -> [portable, sm90]."""
+the wgmma + TMA kernel, other fp16/bf16 calls the portable kernel (fp32: test_fp32_tensor_cores.py), and both agree
+with the float64 reference. Launches are counted per path by the private op torch.ops.mla._kernel_launch_counts() ->
+[portable, sm90, fp32 tensor-core]."""
 
 from __future__ import annotations
 

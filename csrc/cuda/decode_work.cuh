@@ -222,10 +222,10 @@ __device__ __forceinline__ int64_t partial_row_index(const DecodeParams& p, cons
 }
 
 // Writes one query row r from a thread's share of an mma accumulator: value pairs pair(j) (before normalisation)
-// for columns col0 + 8 j, j < kPairs; l is the row's full sum, row_max its running max (log2 domain). One split:
+// for columns col0 + kStride j, j < kPairs; l is the row's full sum, row_max its running max (log2 domain). One split:
 // out (as T) and lse; several: the fp32 partial row (skipped when the split saw no key: the combine never reads it)
 // and its lse. writes_lse picks the one thread of the row that writes the lse.
-template <typename T, int kPairs, class Pair>
+template <typename T, int kPairs, int kStride = 8, class Pair>
 __device__ __forceinline__ void write_row_result(const DecodeParams& p, const CtaWork& w, int r, float l, float row_max,
                                                  int col0, bool writes_lse, Pair pair) {
   const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
@@ -236,7 +236,11 @@ __device__ __forceinline__ void write_row_result(const DecodeParams& p, const Ct
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       const float2 v = pair(j);
-      *reinterpret_cast<uint32_t*>(out + col0 + j * 8) = pack2<T>(v.x * inv, v.y * inv);
+      if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(out + col0 + j * kStride) = make_float2(v.x * inv, v.y * inv);
+      } else {
+        *reinterpret_cast<uint32_t*>(out + col0 + j * kStride) = pack2<T>(v.x * inv, v.y * inv);
+      }
     }
     if (writes_lse) p.lse[lse_row_offset(p, w.batch_index, r)] = lse;
   } else {
@@ -246,7 +250,7 @@ __device__ __forceinline__ void write_row_result(const DecodeParams& p, const Ct
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) {
         const float2 v = pair(j);
-        *reinterpret_cast<float2*>(out + col0 + j * 8) = make_float2(v.x * inv, v.y * inv);
+        *reinterpret_cast<float2*>(out + col0 + j * kStride) = make_float2(v.x * inv, v.y * inv);
       }
     }
     if (writes_lse) p.lse_partial[prow] = lse;

@@ -117,6 +117,32 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A(16x8, row) * B(8x8, col) on TF32 operands (fp32 bit patterns; the tensor core reads their top 19 bits),
+// fp32 accumulators.
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x as hi + lo, both TF32: hi is x rounded to 10 mantissa bits and lo the rest, rounded again. Products of such
+// pairs taken as hi.hi + hi.lo + lo.hi ("3xTF32") keep about 21 bits, close to fp32's 24.
+struct Tf32Pair {
+  uint32_t hi;
+  uint32_t lo;
+};
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ Tf32Pair split_tf32(float x) {
+  const uint32_t hi = to_tf32(x);
+  return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+
 // Inclusive prefix sum over the warp's lanes (lane i gets the sum of lanes 0..i); all 32 lanes call it.
 template <typename V>
 __device__ __forceinline__ V warp_inclusive_sum(V value) {

@@ -11,9 +11,10 @@ namespace mla::cuda {
 
 // Index into the counts; append new paths at the end (tests index by position).
 enum class KernelPath : int {
-  kPortable = 0,  // the portable main kernels (tensor-core mma.sync for fp16/bf16, SIMT for fp32)
-  kSm90 = 1,      // the Hopper wgmma + TMA main kernel
-  kCount = 2,
+  kPortable = 0,        // the portable main kernels (mma.sync for fp16/bf16; fp32 on the CUDA cores)
+  kSm90 = 1,            // the Hopper wgmma + TMA main kernel
+  kFp32TensorCore = 2,  // fp32 as 3xTF32 on the tensor cores
+  kCount = 3,
 };
 
 inline std::atomic<int64_t> kernel_launch_counters[static_cast<int>(KernelPath::kCount)] = {};

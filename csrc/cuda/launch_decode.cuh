@@ -17,6 +17,7 @@
 #include "decode_kernel_dim_split.cuh"
 #include "decode_kernel_key_split.cuh"
 #include "decode_kernel_simt.cuh"
+#include "decode_kernel_tf32.cuh"
 #include "device_info.h"
 #include "launch.h"
 #include "launch_counters.h"
@@ -55,6 +56,13 @@ struct SimtConfigs {
   using Compact = SimtTile<8, 3>;
   static_assert(Sm80::kSmemBytes <= 166912 && Compact::kSmemBytes <= 101376, "fp32 configs fit their devices");
 };
+// fp32 on the tensor cores (3xTF32), 16 query rows per CTA; devices with 99 KB keep the CUDA-core kernel.
+struct Tf32Configs {
+  //                        keys, stages, sm90-only
+  using Sm90 = Tf32Tile<16, 4, true>;  // three tiles in flight
+  using Sm80 = Tf32Tile<16, 3, false>;
+  static_assert(Sm90::kSmemBytes <= 232448 && Sm80::kSmemBytes <= 166912, "fp32 tensor-core configs fit");
+};
 
 // The kernel that runs a configuration.
 template <class Cfg>
@@ -71,6 +79,10 @@ struct KernelOf<KeySplitTile<T, kRowTile, kWarpRows, kWarpsN, kKeyTile, kStages,
 template <int kKeyTile, int kStages>
 struct KernelOf<SimtTile<kKeyTile, kStages>> {
   static constexpr auto kernel = decode_simt_kernel<SimtTile<kKeyTile, kStages>>;
+};
+template <int kKeyTile, int kStages, bool kSm90Only>
+struct KernelOf<Tf32Tile<kKeyTile, kStages, kSm90Only>> {
+  static constexpr auto kernel = decode_tf32_kernel<Tf32Tile<kKeyTile, kStages, kSm90Only>>;
 };
 
 namespace detail {
@@ -195,6 +207,10 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const DeviceInfo d = current_device_info();
   bool launched = false;
   if constexpr (dtype == DType::kFloat32) {
+    if (!fp32_on_cuda_cores() && launch_first_fitting<Tf32Configs::Sm90, Tf32Configs::Sm80>(p, stream, d)) {
+      count_launch(KernelPath::kFp32TensorCore);
+      return;
+    }
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
     // Hopper: the wgmma + TMA kernel where it supports the problem (many rows per sequence), else the portable one.

@@ -19,6 +19,16 @@ inline bool programmatic_launch_enabled() {
   return enabled;
 }
 
+// fp32 runs on the tensor cores as 3xTF32 (decode_kernel_tf32.cuh); MLA_EXT_FP32_CUDA_CORES=1 runs it on the CUDA
+// cores in plain fp32 instead (decode_kernel_simt.cuh, also the kernel of devices with 99 KB of shared memory).
+inline bool fp32_on_cuda_cores() {
+  static const bool on = [] {
+    const char* value = std::getenv("MLA_EXT_FP32_CUDA_CORES");
+    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  return on;
+}
+
 // Programmatic dependent launch saves about one launch gap (~1 us) per kernel boundary, but made long calls of
 // large batches up to a few percent slower on the H200 (perf-notes v10). It is used where the gap weighs: batches
 // of up to kOverlapMaxBatch sequences (the serving case whatever the block table's width) and calls that read at
