@@ -4,11 +4,11 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
+
+#include "env_switch.h"
 
 namespace mla {
 namespace {
@@ -54,10 +54,7 @@ int to_int(int64_t v, const char* what) {
 }
 
 std::atomic<bool>& strict_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("MLA_EXT_STRICT");
-    return env != nullptr && std::strcmp(env, "") != 0 && std::strcmp(env, "0") != 0;
-  }()};
+  static std::atomic<bool> flag{env_switch("MLA_EXT_STRICT", false)};
   return flag;
 }
 

@@ -3,29 +3,22 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "../env_switch.h"
 #include "../params.h"
 
 namespace mla::cuda {
 
 // Programmatic dependent launch between the decode kernels on sm_90+ (on by default); MLA_EXT_PDL=0 turns it off.
 inline bool programmatic_launch_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MLA_EXT_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = env_switch("MLA_EXT_PDL", true);
   return enabled;
 }
 
 // fp32 runs on the tensor cores as 3xTF32 (decode_kernel_tf32.cuh); MLA_EXT_FP32_CUDA_CORES=1 runs it on the CUDA
 // cores in plain fp32 instead (decode_kernel_simt.cuh, also the kernel of devices with 99 KB of shared memory).
 inline bool fp32_on_cuda_cores() {
-  static const bool on = [] {
-    const char* value = std::getenv("MLA_EXT_FP32_CUDA_CORES");
-    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-  }();
+  static const bool on = env_switch("MLA_EXT_FP32_CUDA_CORES", false);
   return on;
 }
 

@@ -10,12 +10,11 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include "../../env_switch.h"
 #include "../../params.h"
 #include "../device_primitives.cuh"
 #include "../launch_options.h"
@@ -29,10 +28,7 @@ namespace sm90_detail {
 using sm90::Sm90Tile;
 
 inline bool disabled_by_env() {
-  static const bool disabled = [] {
-    const char* value = std::getenv("MLA_EXT_DISABLE_SM90");
-    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-  }();
+  static const bool disabled = env_switch("MLA_EXT_DISABLE_SM90", false);
   return disabled;
 }
 
