@@ -4,24 +4,13 @@ private op torch.ops.mla._kernel_launch_counts() -> [portable, sm90, fp32 tensor
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from axes import requires_cuda
 from checks import assert_matches_reference, decode_all_ways
+from launch_paths import FP32_TENSOR_CORE, PORTABLE, counts_from_line, launches_during, run_fresh_process
 from make_inputs import make_problem
 from reference import decode_reference
-
-PORTABLE, SM90, FP32_TENSOR_CORE = 0, 1, 2
-
-
-def launch_counts():
-    counts = list(torch.ops.mla._kernel_launch_counts())
-    assert len(counts) == 3
-    return counts
 
 
 @requires_cuda
@@ -37,10 +26,7 @@ def launch_counts():
 @pytest.mark.parametrize("kv_len_per_split", [None, 32])
 def test_fp32_runs_on_tensor_cores(options, kv_len_per_split, gen):
     problem = make_problem(gen, device="cuda", dtype=torch.float32, **options)
-    before = launch_counts()
-    out, lse = decode_all_ways(problem, kv_len_per_split=kv_len_per_split)
-    torch.cuda.synchronize()
-    launched = [a - b for a, b in zip(launch_counts(), before, strict=True)]
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=kv_len_per_split))
     assert launched[FP32_TENSOR_CORE] == 3 and launched[PORTABLE] == 0, f"launches per path {launched}"
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, torch.float32)
@@ -57,13 +43,10 @@ def test_env_runs_fp32_on_cuda_cores():
         "args += [torch.randn(2, 300, d, device='cuda', generator=g) for d in (512, 64)]\n"
         "out = mla_ext.decode(*args, kv_len_per_split=128)\n"
         "ref = mla_ext.decode(*[a.cpu() for a in args], kv_len_per_split=128).double()\n"
-        "err = ((out.double().cpu() - ref).norm() / ref.norm()).item()\n"
-        "print(err, list(torch.ops.mla._kernel_launch_counts()))\n"
+        "print(((out.double().cpu() - ref).norm() / ref.norm()).item())\n"
+        "print(list(torch.ops.mla._kernel_launch_counts()))\n"
     )
-    env = dict(os.environ, MLA_EXT_FP32_CUDA_CORES="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    err, counts = result.stdout.strip().splitlines()[-1].split(" ", 1)
-    counts = [int(c) for c in counts.strip("[]").split(",")]
+    *_, err, counts = run_fresh_process(script, MLA_EXT_FP32_CUDA_CORES="1")
+    counts = counts_from_line(counts)
     assert counts[PORTABLE] == 1 and counts[FP32_TENSOR_CORE] == 0, counts
     assert float(err) < 2e-5, err

@@ -5,20 +5,15 @@ with the float64 reference. Launches are counted per path by the private op torc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from axes import DTYPE_IDS, DTYPES_16
 from checks import assert_matches_reference, assert_repeatable, decode_all_ways
+from launch_paths import PORTABLE, SM90, counts_from_line, launch_counts, launches_during, run_fresh_process
 from make_inputs import make_problem
 from reference import decode_reference
 
 import mla_ext
-
-PORTABLE, SM90 = 0, 1
 
 
 def _is_hopper():
@@ -29,20 +24,6 @@ def _is_hopper():
 
 
 requires_hopper = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 device and a build with 9.0a")
-
-
-def launch_counts():
-    counts = list(torch.ops.mla._kernel_launch_counts())
-    assert len(counts) >= 2
-    return counts
-
-
-def launches_during(fn):
-    before = launch_counts()
-    result = fn()
-    torch.cuda.synchronize()
-    after = launch_counts()
-    return result, [a - b for a, b in zip(after, before, strict=True)]
 
 
 def test_launch_counts_op_exists():
@@ -144,8 +125,5 @@ def test_env_disables_sm90():
         "torch.cuda.synchronize()\n"
         "print(list(torch.ops.mla._kernel_launch_counts()))\n"
     )
-    env = dict(os.environ, MLA_EXT_DISABLE_SM90="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    counts = [int(c) for c in result.stdout.strip().splitlines()[-1].strip("[]").split(",")]
+    counts = counts_from_line(run_fresh_process(script, MLA_EXT_DISABLE_SM90="1")[-1])
     assert counts[PORTABLE] == 1 and counts[SM90] == 0, counts

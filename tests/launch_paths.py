@@ -1,0 +1,41 @@
+"""Which CUDA main kernel ran: the per-path launch counters of the private op torch.ops.mla._kernel_launch_counts()
+-> [portable, sm90, fp32 tensor-core], read in this process or, for switches read once per process, in a fresh one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+PORTABLE, SM90, FP32_TENSOR_CORE = 0, 1, 2
+
+
+def launch_counts():
+    counts = list(torch.ops.mla._kernel_launch_counts())
+    assert len(counts) == 3, counts
+    return counts
+
+
+def launches_during(fn):
+    """fn's result and the launches per path it made."""
+    before = launch_counts()
+    result = fn()
+    torch.cuda.synchronize()
+    after = launch_counts()
+    return result, [a - b for a, b in zip(after, before, strict=True)]
+
+
+def run_fresh_process(script, **env):
+    """Runs the Python script in a new process with the extra environment; returns its stdout lines. The script ends
+    by printing list(torch.ops.mla._kernel_launch_counts()); parse it with counts_from_line."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()
+
+
+def counts_from_line(line):
+    return [int(c) for c in line.strip("[]").split(",")]
