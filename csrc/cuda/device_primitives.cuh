@@ -127,20 +127,17 @@ __device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// x as hi + lo, both TF32: hi is x rounded to 10 mantissa bits and lo the rest, rounded again. Products of such
-// pairs taken as hi.hi + hi.lo + lo.hi ("3xTF32") keep about 21 bits, close to fp32's 24.
+// x as hi + lo: hi is x rounded to TF32's 10 mantissa bits (to nearest, ties away: add half a unit to the magnitude
+// bits, clear the 13 below; cvt.rna.tf32.f32 is a long instruction sequence on sm_90), lo = x - hi exactly, which
+// the tensor core truncates to TF32 when it reads it. Products of such pairs taken as hi.hi + hi.lo + lo.hi
+// ("3xTF32") keep about 21 bits, close to fp32's 24.
 struct Tf32Pair {
   uint32_t hi;
   uint32_t lo;
 };
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
 __device__ __forceinline__ Tf32Pair split_tf32(float x) {
-  const uint32_t hi = to_tf32(x);
-  return {hi, to_tf32(x - __uint_as_float(hi))};
+  const uint32_t hi = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
+  return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
 // Inclusive prefix sum over the warp's lanes (lane i gets the sum of lanes 0..i); all 32 lanes call it.
