@@ -171,12 +171,13 @@ struct PendingKey {
 // key < 0 (a lane with no row) gives an out-of-range key.
 __device__ __forceinline__ PendingKey fetch_key(const DecodeParams& p, const CtaWork& w, int key) {
   PendingKey k{-1, 0, key >= w.key_begin && key < w.key_end};
-  if (k.in_range) {
+  if (k.in_range && p.block_table == nullptr) {  // dense: the sequence's one page holds every key (no division)
+    k.offset = key;
+    k.raw_page = w.batch_index;
+  } else if (k.in_range) {
     const int page_in_seq = key / p.page_size;  // key < capacity, so page_size >= 1 here
     k.offset = key - page_in_seq * p.page_size;
-    k.raw_page = p.block_table == nullptr
-                     ? w.batch_index
-                     : p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+    k.raw_page = p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
   }
   return k;
 }
