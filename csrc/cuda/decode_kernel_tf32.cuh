@@ -8,13 +8,13 @@
 //   - computes partial scores over k8 steps w, w + 8, ... (72 dims) for all keys of the tile, with Q split into
 //     registers once, and independent accumulator chains per key block, k-step residue and product size; taking
 //     every eighth step puts the swizzled chunks a lane reads at a lane constant plus an immediate;
-//   - adds the eight warps' partial scores (exchanged through shared memory in fragment order, summed in a fixed
-//     order, so every warp holds bitwise the same scores) and runs the online softmax redundantly; the score
+//   - adds the eight warps' partial scores (exchanged through shared memory in fragment order, each score summed
+//     by one thread, so every warp holds bitwise the same scores) and runs the online softmax redundantly; the score
 //     accumulator layout is the A layout of P . V once its keys are taken in the order (2t, 2t + 1) per 8-key step;
 //   - accumulates output column blocks w, w + 8, ... (64 columns): each tile's P . V in its own accumulator first,
 //     then added to the running output (adding every product straight in lets fp32 rounding grow with the split's
 //     length, as in the CUDA-core kernel).
-// Two barriers per tile: the pipeline's and the partial-score exchange.
+// Three barriers per tile: the pipeline's and two for the partial-score exchange.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,11 +49,13 @@ struct Tf32Tile {
   static constexpr int kQOffset = 0;
   static constexpr int kKvOffset = kQOffset + kRowTile * Row::kBytes;
   static constexpr int kPartialOffset = kKvOffset + kStages * kKeyTile * Row::kBytes;  // [warp][n-tile][lane] float4
-  static constexpr int kValidOffset = kPartialOffset + kWarps * kKeyNTiles * 32 * 16;
+  static constexpr int kScoreOffset = kPartialOffset + kWarps * kKeyNTiles * 32 * 16;  // [n-tile][lane] float4
+  static constexpr int kValidOffset = kScoreOffset + kKeyNTiles * 32 * 16;
   static constexpr int kSmemBytes =
       kValidOffset + KvPipeline<float, kRowTile, kKeyTile, kStages, kThreads>::kValidBytes;
 
   static_assert(kKSteps % kWarps == 0 && kWarpKSteps % kParities == 0, "k-steps split evenly");
+  static_assert(kKeyNTiles * 32 * 4 == kThreads, "one thread per score of the tile sums the warps' partials");
   static_assert(kKeyTile % 8 == 0 && kKeyTile <= 32, "key tile: whole 8-key blocks");
   static_assert(kStages >= 2, "pipeline depth");
 };
@@ -73,6 +75,7 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   extern __shared__ __align__(128) uint8_t smem[];
   const uint8_t* q_smem = smem + Cfg::kQOffset;
   float4* partial = reinterpret_cast<float4*>(smem + Cfg::kPartialOffset);
+  float4* scores = reinterpret_cast<float4*>(smem + Cfg::kScoreOffset);
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -171,18 +174,20 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       }
       partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
     }
+    // Thread i sums score i of the tile over the eight warps (fixed order) and every warp reads the sums back: each
+    // warp gets bitwise the same scores for 8 loads instead of 8 x 4.
+    named_barrier(1, Cfg::kThreads);
+    {
+      const float* part = reinterpret_cast<const float*>(partial) + threadIdx.x;
+      float sum = part[0];
+#pragma unroll
+      for (int q = 1; q < kW; ++q) sum += part[q * kNT * 32 * 4];
+      reinterpret_cast<float*>(scores)[threadIdx.x] = sum;
+    }
     named_barrier(1, Cfg::kThreads);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      float4 sum = partial[nt * 32 + lane];
-#pragma unroll
-      for (int q = 1; q < kW; ++q) {  // fixed order: every warp gets bitwise the same scores
-        const float4 v = partial[(q * kNT + nt) * 32 + lane];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
+      const float4 sum = scores[nt * 32 + lane];
       s[nt][0] = sum.x;
       s[nt][1] = sum.y;
       s[nt][2] = sum.z;
