@@ -220,7 +220,7 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       const float m_new = fmaxf(row_max[half], m);
       base[half] = m_new == kNegInf ? 0.f : m_new;  // no key yet: keep exp2 arguments finite
-      alpha[half] = exp2f(row_max[half] - base[half]);
+      alpha[half] = exp2_ftz(row_max[half] - base[half]);
       row_max[half] = m_new;
       row_sum[half] *= alpha[half];
     }
@@ -229,10 +229,10 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
     uint32_t pa_hi[kNT][4], pa_lo[kNT][4];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      const float p0 = exp2f(s[nt][0] - base[0]);
-      const float p1 = exp2f(s[nt][1] - base[0]);
-      const float p2 = exp2f(s[nt][2] - base[1]);
-      const float p3 = exp2f(s[nt][3] - base[1]);
+      const float p0 = exp2_ftz(s[nt][0] - base[0]);
+      const float p1 = exp2_ftz(s[nt][1] - base[0]);
+      const float p2 = exp2_ftz(s[nt][2] - base[1]);
+      const float p3 = exp2_ftz(s[nt][3] - base[1]);
       row_sum[0] += p0 + p1;
       row_sum[1] += p2 + p3;
       const float pv[4] = {p0, p2, p1, p3};
