@@ -174,8 +174,8 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       }
       partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
     }
-    // Thread i sums score i of the tile over the eight warps (fixed order) and every warp reads the sums back: each
-    // warp gets bitwise the same scores for 8 loads instead of 8 x 4.
+    // Thread i sums score i of the tile over the eight warps in warp order and every warp reads all sums back: the
+    // same bits in every warp, for 8 scalar loads per thread instead of 16 vector loads and 56 adds per warp.
     named_barrier(1, Cfg::kThreads);
     {
       const float* part = reinterpret_cast<const float*>(partial) + threadIdx.x;

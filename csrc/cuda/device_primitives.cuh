@@ -128,9 +128,11 @@ __device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const uint32_t (&a)
 }
 
 // x as hi + lo: hi is x rounded to TF32's 10 mantissa bits (to nearest, ties away: add half a unit to the magnitude
-// bits, clear the 13 below; cvt.rna.tf32.f32 is a long instruction sequence on sm_90), lo = x - hi exactly, which
+// bits, clear the 13 below; cvt.rna.tf32.f32 is a four-instruction sequence on sm_90), lo = x - hi exactly, which
 // the tensor core truncates to TF32 when it reads it. Products of such pairs taken as hi.hi + hi.lo + lo.hi
-// ("3xTF32") keep about 21 bits, close to fp32's 24.
+// ("3xTF32") keep about 21 bits, close to fp32's 24. inf stays inf (lo is NaN then: callers take an infinite product
+// from hi.hi alone). A NaN stays NaN unless its payload lies only in the 13 low bits (never the quiet NaN arithmetic
+// makes): such a NaN reads as +-inf, as it would to the tensor core itself, which drops those bits too.
 struct Tf32Pair {
   uint32_t hi;
   uint32_t lo;
