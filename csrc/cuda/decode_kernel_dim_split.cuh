@@ -20,6 +20,7 @@
 #include "../params.h"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
+#include "fragment_softmax.cuh"
 #include "tile_loader.cuh"
 
 namespace mla::cuda {
@@ -159,35 +160,10 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
     }
 
     // ---- mask, scale, online softmax (whole rows are in this warp) ----
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int e1 = 0; e1 < 2; ++e1) {
-        const int key_local = nt * 8 + 2 * (lane & 3) + e1;
-        const bool loaded = tile_valid[key_local] != 0;
-        const int key = tile_begin + key_local;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float& v = s[nt][half * 2 + e1];
-          v = (loaded && key < row_limit[half]) ? v * scale_log2 : kNegInf;
-          tile_max[half] = fmaxf(tile_max[half], v);
-        }
-      }
-    }
     float alpha[2];
     float base[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float m = tile_max[half];
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float m_new = fmaxf(row_max[half], m);
-      base[half] = m_new == kNegInf ? 0.f : m_new;  // no key yet: keep exp2 arguments finite
-      alpha[half] = exp2f(row_max[half] - base[half]);
-      row_max[half] = m_new;
-      row_sum[half] *= alpha[half];
-    }
+    fragment_softmax_rescale</*kFtz=*/false>(s, tile_valid, tile_begin, row_limit, lane & 3, scale_log2, row_max,
+                                             row_sum, alpha, base);
     uint32_t pa[kNT / 2][4];  // P as A fragments: the score accumulator layout is the A layout of P . V
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {

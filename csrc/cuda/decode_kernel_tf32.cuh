@@ -24,6 +24,7 @@
 #include "../params.h"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
+#include "fragment_softmax.cuh"
 #include "tile_loader.cuh"
 
 namespace mla::cuda {
@@ -195,35 +196,10 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
     }
 
     // ---- mask, scale, online softmax (whole rows are in this warp) ----
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int e1 = 0; e1 < 2; ++e1) {
-        const int key_local = nt * 8 + 2 * t + e1;
-        const bool loaded = tile_valid[key_local] != 0;
-        const int key = tile_begin + key_local;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float& v = s[nt][half * 2 + e1];
-          v = (loaded && key < row_limit[half]) ? v * scale_log2 : kNegInf;
-          tile_max[half] = fmaxf(tile_max[half], v);
-        }
-      }
-    }
     float alpha[2];
     float base[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float m = tile_max[half];
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float m_new = fmaxf(row_max[half], m);
-      base[half] = m_new == kNegInf ? 0.f : m_new;  // no key yet: keep exp2 arguments finite
-      alpha[half] = exp2_ftz(row_max[half] - base[half]);
-      row_max[half] = m_new;
-      row_sum[half] *= alpha[half];
-    }
+    fragment_softmax_rescale</*kFtz=*/true>(s, tile_valid, tile_begin, row_limit, t, scale_log2, row_max, row_sum,
+                                            alpha, base);
     // P as A fragments of P . V: 8-key step nt takes its keys in the order (2t, 2t + 1), so the accumulator's
     // (row g, key 2t), (row g + 8, key 2t), (row g, key 2t + 1), (row g + 8, key 2t + 1) are a0..a3.
     uint32_t pa_hi[kNT][4], pa_lo[kNT][4];
