@@ -1,7 +1,7 @@
-"""Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with many query rows per sequence take
-the wgmma + TMA kernel, other fp16/bf16 calls the portable kernel (fp32: test_fp32_tensor_cores.py), and both agree
-with the float64 reference. Launches are counted per path by the private op torch.ops.mla._kernel_launch_counts() ->
-[portable, sm90, fp32 tensor-core]."""
+"""Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with more than 16 query rows per
+sequence take the wgmma + TMA kernel, other fp16/bf16 calls the portable kernel (fp32: test_fp32_tensor_cores.py),
+and both agree with the float64 reference. Launches are counted per path by the private op
+torch.ops.mla._kernel_launch_counts() -> [portable, sm90, fp32 tensor-core]."""
 
 from __future__ import annotations
 
@@ -51,12 +51,20 @@ SM90_CASES = [
     # Long tile chains: 16, 11, 2 and 2 tiles, partial last tiles of even (WG0) and odd (WG1) position.
     ("dense_pairs_one_split", dict(lens=[1000, 701, 128, 65], num_heads=128), 4096, SM90),
     ("dense_pairs_odd_splits", dict(lens=[1000, 701], num_heads=128), 192, SM90),
+    # 17-32 rows: the 64-row tiles run partly empty; the planners size these calls for this kernel too.
+    ("dense_heads32", dict(lens=[300, 77, 0], num_heads=32), 128, SM90),
+    ("dense_heads16_mtp_causal", dict(lens=[200, 65], num_heads=16, seqlen_q=2, causal=True), 64, SM90),
+    ("paged64_heads24_default_split", dict(lens=[3000, 64, 3, 0, 700], num_heads=24, page_size=64), None, SM90),
+    ("dense_heads32_default_split_one_sequence", dict(lens=[5003], num_heads=32), None, SM90),
 ]
 # Problems the sm_90a kernel leaves to the portable one.
 PORTABLE_CASES = [
     ("paged16", dict(lens=[300, 40], num_heads=128, page_size=16), 64, PORTABLE),
     ("split_not_64_aligned", dict(lens=[300, 40], num_heads=128), 48, PORTABLE),
     ("few_rows", dict(lens=[300, 40], num_heads=16), 64, PORTABLE),
+    ("heads32_split_not_64_aligned", dict(lens=[300, 40], num_heads=32), 48, PORTABLE),
+    # Planned as work items for this kernel, walked as ranges by the portable one.
+    ("paged16_heads32_default_split", dict(lens=[2100, 5, 0, 900], num_heads=32, page_size=16), None, PORTABLE),
     ("paged16_default_split", dict(lens=[2100, 5, 0], num_heads=128, page_size=16), None, PORTABLE),
     ("paged16_default_split_one_sequence", dict(lens=[2100], num_heads=128, page_size=16), None, PORTABLE),
 ]

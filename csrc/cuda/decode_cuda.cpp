@@ -14,6 +14,7 @@
 #include "../decode_ops.h"
 #include "device_info.h"
 #include "launch.h"
+#include "sm90/launch_sm90.h"
 
 namespace mla {
 namespace {
@@ -68,12 +69,14 @@ struct CudaBackend {
   static void set_default_split(DecodeProblem& problem) {
     const DecodeParams& p = problem.params;
     const int rows = p.seqlen_q * p.num_heads;
-    const int sm_count = cuda::current_device_info().sm_count;
+    const cuda::DeviceInfo device = cuda::current_device_info();
+    const bool sm90 = device.major == 9 && !cuda::sm90_disabled_by_env();
     if (p.seq_lens != nullptr) {
-      const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, sm_count, problem.dtype);
+      const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, device.sm_count, problem.dtype, sm90);
       set_balanced_split(problem, split.target, split.split_cost, split.seq_cost, split.align);
     } else {
-      set_split(problem, cuda::default_kv_len_per_split(p.batch, rows, p.capacity, sm_count, problem.dtype));
+      set_split(problem,
+                cuda::default_kv_len_per_split(p.batch, rows, p.capacity, device.sm_count, problem.dtype, sm90));
     }
   }
 

@@ -161,8 +161,8 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
 
 // Main kernel with configuration Cfg, then the combine when the problem has several splits. Balanced calls go in
 // the kernel's form: ranges for the few-row kernels, work items for the many-row ones (balanced_split_for plans
-// by row tile; a many-row call that falls back to a few-row kernel, on 99 KB devices, is walked as ranges of the
-// same count).
+// by row tile; a call planned as work items that runs on a few-row kernel, a many-row call on 99 KB devices or a
+// 17-32-row call the sm_90a kernel declines, is walked as ranges of the same count).
 template <class Cfg>
 void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& d) {
   DecodeParams p = params;
@@ -213,7 +213,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     }
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
-    // Hopper: the wgmma + TMA kernel where it supports the problem (many rows per sequence), else the portable one.
+    // Hopper: the wgmma + TMA kernel where it supports the problem (over 16 rows per sequence), else the portable one.
     if (d.major == 9 && launch_decode_sm90<dtype>(p, stream, d.device)) {
       count_launch(KernelPath::kSm90);
       if (p.num_splits > 1 || p.balanced_target > 0)

@@ -35,9 +35,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
-int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype) {
+int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90) {
   if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
-  const int row_tile = row_tile_for(rows_per_seq, dtype);
+  const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
   const int64_t align = row_tile == kLargeRowTile ? kLargeRowSplitAlign : kSplitAlign;
   const int64_t slots =
       static_cast<int64_t>(std::max(num_sms, 1)) * (dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile));
@@ -75,8 +75,8 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   return static_cast<int>(std::min(best_len, limit));
 }
 
-BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype) {
-  const int row_tile = row_tile_for(rows_per_seq, dtype);
+BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype, bool sm90) {
+  const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
   // Small batches of few rows get one CTA per SM (the launcher then picks the deep-prefetch configuration), as the
   // shape-only planner does when its grid leaves SMs free; otherwise the tile's usual CTAs per SM.
   const bool one_per_sm = dtype == DType::kFloat32 || (row_tile == kSmallRowTile && batch <= kDeepBatch);

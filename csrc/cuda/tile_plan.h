@@ -10,9 +10,18 @@ constexpr int kSmallRowTile = 16;  // few query rows per sequence (H * S_q <= 16
 constexpr int kMidRowTile = 32;    // two 16-row groups sharing each KV tile
 constexpr int kLargeRowTile = 64;  // many rows (e.g. H = 128): more math per KV tile, 8 warps
 
+// The portable kernels' row tile.
 inline int row_tile_for(int rows_per_seq, DType dtype) {
   if (dtype == DType::kFloat32 || rows_per_seq <= kSmallRowTile) return kSmallRowTile;
   return rows_per_seq <= kMidRowTile ? kMidRowTile : kLargeRowTile;
+}
+
+// The row tile the split planners size a call for. `sm90`: the device runs fp16/bf16 calls of more than 16 rows on
+// the sm_90a kernel (launch_sm90.h), whose tiles are 64 rows and 64 keys. Should that kernel decline a call (pages of
+// fewer than 64 keys, unaligned caches), the portable kernel walks the same plan.
+inline int planned_row_tile(int rows_per_seq, DType dtype, bool sm90) {
+  if (sm90 && dtype != DType::kFloat32 && rows_per_seq > kSmallRowTile) return kLargeRowTile;
+  return row_tile_for(rows_per_seq, dtype);
 }
 
 // Keys' worth of a CTA's fixed cost (query load, pipeline fill, launch) in the split planners; a balanced range

@@ -14,10 +14,10 @@
 #include <string>
 #include <type_traits>
 
-#include "../../env_switch.h"
 #include "../../params.h"
 #include "../device_primitives.cuh"
 #include "../launch_options.h"
+#include "../tile_plan.h"
 #include "../work_item_planner.cuh"
 #include "decode_kernel_sm90.cuh"
 #include "launch_sm90.h"
@@ -26,11 +26,6 @@ namespace mla::cuda {
 namespace sm90_detail {
 
 using sm90::Sm90Tile;
-
-inline bool disabled_by_env() {
-  static const bool disabled = env_switch("MLA_EXT_DISABLE_SM90", false);
-  return disabled;
-}
 
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -73,8 +68,10 @@ inline bool aligned16(const void* ptr) {
 
 // The shapes and layouts the kernel handles (see launch_sm90.h).
 inline bool supports(const DecodeParams& p) {
-  if (static_cast<int64_t>(p.seqlen_q) * p.num_heads <= 32) return false;  // few rows: memory-bound, portable
-  if (p.balanced_target > 0 && p.balanced_seq_cost > 0) return false;      // one piece of work per CTA, not a range
+  // Up to 16 rows the portable kernel streams the cache faster; from 17 the 64-row tiles, a fraction of them
+  // empty, still beat its 32-row one (perf-notes v25).
+  if (static_cast<int64_t>(p.seqlen_q) * p.num_heads <= kSmallRowTile) return false;
+  if (p.balanced_target > 0 && p.balanced_seq_cost > 0) return false;  // one piece of work per CTA, not a range
   // Splits (also balanced ones, whose lengths are multiples of kv_len_per_split) must start on tile boundaries.
   if (p.num_splits > 1 && p.kv_len_per_split % Sm90Tile::kKeyTile != 0) return false;
   if (p.block_table != nullptr && p.page_size % Sm90Tile::kKeyTile != 0) return false;  // a tile in one page
@@ -117,7 +114,7 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
-  if (sm90_detail::disabled_by_env() || !sm90_detail::supports(p)) return false;
+  if (sm90_disabled_by_env() || !sm90_detail::supports(p)) return false;
   if (!sm90_detail::kernel_ready<T>(device)) return false;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);
