@@ -166,6 +166,7 @@ def full_matrix() -> list[Case]:
         Case("fp16-H24-Sq4-page64", dtype="fp16", lens=[300, 2], num_heads=24, seqlen_q=4, causal=True, page_size=64),
     ]
     cases += no_seq_lens_cases()
+    cases += mid_rows_sm90_cases()
     cases += merge_cases()
     cases += balanced_cases()
     return cases
@@ -193,6 +194,20 @@ def no_seq_lens_cases() -> list[Case]:
     ]
 
 
+def mid_rows_sm90_cases() -> list[Case]:
+    """17-32 rows on Hopper: the sm_90a kernel with most of each 64-row tile empty, planned for it with seq_lens
+    (work items) and, with 16-key pages, walked by the portable 32-row kernel as ranges instead."""
+    short = [(i * 5) % 41 for i in range(200)] + [1000]
+    return [
+        Case("h17to32-bf16-H24-dense", lens=[200, 0, 37], num_heads=24),
+        Case("h17to32-fp16-H32-page64-combine", dtype="fp16", lens=[130, 5], num_heads=32, page_size=64,
+             kv_len_per_split=64),  # fmt: skip
+        Case("h17to32-bf16-H16-Sq2-dense", lens=[150, 3], num_heads=16, seqlen_q=2, causal=True),
+        Case("balanced-items-h17to32-bf16-H32-page64", lens=short, num_heads=32, page_size=64),
+        Case("balanced-items-as-ranges-h17to32-fp16-H32-page16", dtype="fp16", lens=short, num_heads=32, page_size=16),
+    ]
+
+
 def kernel_cases() -> list[Case]:
     """One case per kernel variant, as small as keeps its loops honest (several key tiles, a partial last tile)."""
     return [
@@ -206,7 +221,7 @@ def kernel_cases() -> list[Case]:
             kv_len_per_split=32,
         ),
         Case("dim-split-few-rows-bf16-big-grid", lens=[300] * 8, num_heads=16, kv_len_per_split=16),
-        Case("dim-split-mid-rows-fp16", dtype="fp16", lens=[150], num_heads=32, kv_len_per_split=64),
+        Case("dim-split-mid-rows-fp16", dtype="fp16", lens=[150], num_heads=32, kv_len_per_split=32),
         Case("dim-split-mid-rows-bf16-Sq2", lens=[90, 3], num_heads=16, seqlen_q=2, causal=True, page_size=1),
         Case("key-split-64-rows-bf16-page16", lens=[70], num_heads=128, page_size=16),
         Case(
@@ -234,6 +249,7 @@ def kernel_cases() -> list[Case]:
         ),
         Case("merge-states-bf16", lens=[3, 16], num_heads=512, op="merge_states"),
         *no_seq_lens_cases()[:2],
+        *mid_rows_sm90_cases(),
         *balanced_cases(),
     ]
 
