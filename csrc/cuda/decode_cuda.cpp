@@ -15,6 +15,7 @@
 #include "device_info.h"
 #include "launch.h"
 #include "sm90/launch_sm90.h"
+#include "split_plan.h"
 
 namespace mla {
 namespace {

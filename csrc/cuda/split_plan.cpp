@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "launch.h"
+#include "split_plan.h"
 #include "tile_plan.h"
 
 namespace mla::cuda {

@@ -1,0 +1,96 @@
+// The CUDA split planners' rules, checked without a GPU: which kernel's tiles a call is planned for decides whether
+// the sm_90a kernel can take it (64-key split boundaries, work items rather than ranges), and the planners must not
+// change calls outside the rows that moved to that kernel.
+#include <cstdio>
+#include <initializer_list>
+
+#include "cuda/split_plan.h"
+
+namespace {
+
+using mla::DType;
+using mla::cuda::balanced_split_for;
+using mla::cuda::BalancedSplit;
+using mla::cuda::default_kv_len_per_split;
+
+int failures = 0;
+
+void check(bool ok, const char* what, DType dtype, int batch, int rows, int capacity, int sms, bool sm90, int got) {
+  if (ok) return;
+  ++failures;
+  std::printf("FAIL %s: dtype %d batch %d rows %d capacity %d sms %d sm90 %d -> %d\n", what, static_cast<int>(dtype),
+              batch, rows, capacity, sms, sm90 ? 1 : 0, got);
+}
+
+bool is_16_bit(DType dtype) {
+  return dtype != DType::kFloat32;
+}
+
+void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int sms) {
+  const int plain = default_kv_len_per_split(batch, rows, capacity, sms, dtype, false);
+  const int hopper = default_kv_len_per_split(batch, rows, capacity, sms, dtype, true);
+  for (const int len : {plain, hopper}) {
+    check(len > 0 && len % 16 == 0, "split is a positive multiple of 16", dtype, batch, rows, capacity, sms, true, len);
+  }
+  if (rows > 32 && is_16_bit(dtype)) {
+    check(plain % 64 == 0, "many rows split on 64-key tiles", dtype, batch, rows, capacity, sms, false, plain);
+  }
+  if (rows > 16 && is_16_bit(dtype)) {
+    check(hopper % 64 == 0, "sm_90a calls split on its 64-key tiles", dtype, batch, rows, capacity, sms, true, hopper);
+  }
+  if (rows <= 16 || rows > 32 || !is_16_bit(dtype)) {
+    check(plain == hopper, "plan unchanged outside 17-32 rows", dtype, batch, rows, capacity, sms, true, hopper);
+  }
+}
+
+void check_balanced_plan(DType dtype, int batch, int rows, int sms) {
+  const BalancedSplit plain = balanced_split_for(batch, rows, sms, dtype, false);
+  const BalancedSplit hopper = balanced_split_for(batch, rows, sms, dtype, true);
+  for (const BalancedSplit& s : {plain, hopper}) {
+    check(s.target >= 1, "at least one piece", dtype, batch, rows, 0, sms, true, s.target);
+    check(s.align == 32 || s.align == 64, "cuts on 32- or 64-key tiles", dtype, batch, rows, 0, sms, true, s.align);
+  }
+  const bool moved = rows > 16 && rows <= 32 && is_16_bit(dtype);
+  if (moved) {
+    // The sm_90a kernel walks work items only, on 64-key tiles; the portable 32-row kernel walks ranges.
+    check(hopper.seq_cost == 0 && hopper.align == 64, "17-32 rows: work items for the sm_90a kernel", dtype, batch,
+          rows, 0, sms, true, hopper.seq_cost);
+    check(plain.seq_cost > 0 && plain.align == 32, "17-32 rows: ranges for the portable kernel", dtype, batch, rows, 0,
+          sms, false, plain.seq_cost);
+  } else {
+    check(plain.target == hopper.target && plain.seq_cost == hopper.seq_cost && plain.align == hopper.align &&
+              plain.split_cost == hopper.split_cost,
+          "balanced plan unchanged outside 17-32 rows", dtype, batch, rows, 0, sms, true, hopper.seq_cost);
+    const bool ranges = rows <= 32 || !is_16_bit(dtype);
+    check((plain.seq_cost > 0) == ranges, "ranges for few rows and fp32, work items for many rows", dtype, batch, rows,
+          0, sms, false, plain.seq_cost);
+  }
+}
+
+}  // namespace
+
+int main() {
+  const DType dtypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+  const int row_counts[] = {1, 8, 16, 17, 24, 32, 33, 48, 64, 128, 256};
+  for (const DType dtype : dtypes) {
+    for (const int rows : row_counts) {
+      for (const int sms : {1, 108, 132}) {
+        for (const int batch : {1, 2, 7, 16, 64, 128, 1000}) {
+          for (const int capacity : {1, 15, 64, 100, 1000, 4096, 16385, 131072}) {
+            check_shape_only_plan(dtype, batch, rows, capacity, sms);
+          }
+          check_balanced_plan(dtype, batch, rows, sms);
+        }
+      }
+    }
+  }
+  // What the cost model is for: one long sequence spreads over the SMs; a batch that fills a wave keeps one split.
+  const int one_sequence = default_kv_len_per_split(1, 16, 16384, 132, DType::kBFloat16, true);
+  check(one_sequence <= 16384 / 32, "one sequence spreads over the SMs", DType::kBFloat16, 1, 16, 16384, 132, true,
+        one_sequence);
+  const int full_wave = default_kv_len_per_split(1000, 128, 4096, 132, DType::kBFloat16, true);
+  check(full_wave >= 4096, "a full wave keeps one split per sequence", DType::kBFloat16, 1000, 128, 4096, 132, true,
+        full_wave);
+  std::printf("split planner rules: %s\n", failures == 0 ? "all hold" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
