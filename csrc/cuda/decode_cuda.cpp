@@ -71,7 +71,7 @@ struct CudaBackend {
     const DecodeParams& p = problem.params;
     const int rows = p.seqlen_q * p.num_heads;
     const cuda::DeviceInfo device = cuda::current_device_info();
-    const bool sm90 = device.major == 9 && !cuda::sm90_disabled_by_env();
+    const bool sm90 = cuda::sm90_kernel_enabled(device.major);
     if (p.seq_lens != nullptr) {
       const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, device.sm_count, problem.dtype, sm90);
       set_balanced_split(problem, split.target, split.split_cost, split.seq_cost, split.align);

@@ -214,7 +214,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
     // Hopper: the wgmma + TMA kernel where it supports the problem (over 16 rows per sequence), else the portable one.
-    if (d.major == 9 && launch_decode_sm90<dtype>(p, stream, d.device)) {
+    if (sm90_kernel_enabled(d.major) && launch_decode_sm90<dtype>(p, stream, d.device)) {
       count_launch(KernelPath::kSm90);
       if (p.num_splits > 1 || p.balanced_target > 0)
         detail::launch_combine<T>(p, stream, use_programmatic_launch(p), d.sm_count);

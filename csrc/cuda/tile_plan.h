@@ -16,11 +16,17 @@ inline int row_tile_for(int rows_per_seq, DType dtype) {
   return rows_per_seq <= kMidRowTile ? kMidRowTile : kLargeRowTile;
 }
 
-// The row tile the split planners size a call for. `sm90`: the device runs fp16/bf16 calls of more than 16 rows on
-// the sm_90a kernel (launch_sm90.h), whose tiles are 64 rows and 64 keys. Should that kernel decline a call (pages of
-// fewer than 64 keys, unaligned caches), the portable kernel walks the same plan.
+// Rows per sequence the sm_90a kernel (launch_sm90.h) takes: up to 16 the portable kernel streams the cache faster;
+// from 17 the 64-row tiles, part of them empty, still beat its 32-row one (perf-notes v25).
+inline bool sm90_takes_rows(int64_t rows_per_seq) {
+  return rows_per_seq > kSmallRowTile;
+}
+
+// The row tile the split planners size a call for. `sm90`: the device runs the sm_90a kernel (sm90_kernel_enabled),
+// whose tiles are 64 rows and 64 keys, for the fp16/bf16 calls with the rows it takes. Should that kernel decline a
+// call (pages of fewer than 64 keys, unaligned caches), the portable kernel walks the same plan.
 inline int planned_row_tile(int rows_per_seq, DType dtype, bool sm90) {
-  if (sm90 && dtype != DType::kFloat32 && rows_per_seq > kSmallRowTile) return kLargeRowTile;
+  if (sm90 && dtype != DType::kFloat32 && sm90_takes_rows(rows_per_seq)) return kLargeRowTile;
   return row_tile_for(rows_per_seq, dtype);
 }
 

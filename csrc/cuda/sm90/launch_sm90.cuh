@@ -68,9 +68,7 @@ inline bool aligned16(const void* ptr) {
 
 // The shapes and layouts the kernel handles (see launch_sm90.h).
 inline bool supports(const DecodeParams& p) {
-  // Up to 16 rows the portable kernel streams the cache faster; from 17 the 64-row tiles, a fraction of them
-  // empty, still beat its 32-row one (perf-notes v25).
-  if (static_cast<int64_t>(p.seqlen_q) * p.num_heads <= kSmallRowTile) return false;
+  if (!sm90_takes_rows(static_cast<int64_t>(p.seqlen_q) * p.num_heads)) return false;
   if (p.balanced_target > 0 && p.balanced_seq_cost > 0) return false;  // one piece of work per CTA, not a range
   // Splits (also balanced ones, whose lengths are multiples of kv_len_per_split) must start on tile boundaries.
   if (p.num_splits > 1 && p.kv_len_per_split % Sm90Tile::kKeyTile != 0) return false;
@@ -114,7 +112,7 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
-  if (sm90_disabled_by_env() || !sm90_detail::supports(p)) return false;
+  if (!sm90_detail::supports(p)) return false;
   if (!sm90_detail::kernel_ready<T>(device)) return false;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);

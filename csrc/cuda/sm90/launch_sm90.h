@@ -12,14 +12,15 @@ namespace mla::cuda {
 // Launches the sm_90a main kernel (not the split combine) when it supports the problem and this build holds its
 // sm_90a code; returns false without launching otherwise (the caller then runs the portable kernel). Supported:
 // S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, splits that start on 64-key boundaries,
-// 16-byte aligned cache pointers and strides. Env MLA_EXT_DISABLE_SM90=1 (read once) turns it off.
+// 16-byte aligned cache pointers and strides. Callers ask sm90_kernel_enabled first.
 template <DType dtype>
 bool launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, int device);
 
-// MLA_EXT_DISABLE_SM90 (read once): the launcher and the split planners then leave this kernel out.
-inline bool sm90_disabled_by_env() {
+// Whether a device of compute capability major.x runs this kernel where it supports a call: sm_90 devices unless
+// MLA_EXT_DISABLE_SM90 is set (read once). The launcher and the split planners both go by it.
+inline bool sm90_kernel_enabled(int major) {
   static const bool disabled = env_switch("MLA_EXT_DISABLE_SM90", false);
-  return disabled;
+  return major == 9 && !disabled;
 }
 
 }  // namespace mla::cuda
