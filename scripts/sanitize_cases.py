@@ -34,6 +34,7 @@ import mla_ext  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 INT32_MAX = 2**31 - 1
+SHORT_LENS = [(i * 5) % 41 for i in range(200)] + [1000]  # 200 sequences of 0-40 keys, then 1000 keys
 
 
 @dataclass
@@ -197,14 +198,19 @@ def no_seq_lens_cases() -> list[Case]:
 def mid_rows_sm90_cases() -> list[Case]:
     """17-32 rows on Hopper: the sm_90a kernel with most of each 64-row tile empty, planned for it with seq_lens
     (work items) and, with 16-key pages, walked by the portable 32-row kernel as ranges instead."""
-    short = [(i * 5) % 41 for i in range(200)] + [1000]
     return [
         Case("h17to32-bf16-H24-dense", lens=[200, 0, 37], num_heads=24),
         Case("h17to32-fp16-H32-page64-combine", dtype="fp16", lens=[130, 5], num_heads=32, page_size=64,
              kv_len_per_split=64),  # fmt: skip
         Case("h17to32-bf16-H16-Sq2-dense", lens=[150, 3], num_heads=16, seqlen_q=2, causal=True),
-        Case("balanced-items-h17to32-bf16-H32-page64", lens=short, num_heads=32, page_size=64),
-        Case("balanced-items-as-ranges-h17to32-fp16-H32-page16", dtype="fp16", lens=short, num_heads=32, page_size=16),
+        Case("balanced-items-h17to32-bf16-H32-page64", lens=SHORT_LENS, num_heads=32, page_size=64),
+        Case(
+            "balanced-items-as-ranges-h17to32-fp16-H32-page16",
+            dtype="fp16",
+            lens=SHORT_LENS,
+            num_heads=32,
+            page_size=16,
+        ),
     ]
 
 
@@ -259,13 +265,12 @@ def balanced_cases() -> list[Case]:
     range, reusing shared memory between them. Many rows: one work item per CTA, spare items included, from the
     planner kernel's table (also with the long sequences cut into one wave) or, for one sequence, planned per CTA."""
     short_16 = [(i * 7) % 23 for i in range(600)] + [2000]
-    short_128 = [(i * 5) % 41 for i in range(200)] + [1000]
     one_wave = [8192, 8155] + [(i * 7) % 97 + 2 for i in range(60)]
     return [
         Case("balanced-ranges-dim-split-bf16-page16", lens=short_16, num_heads=16, page_size=16),
         Case("balanced-ranges-tf32-fp32-page16", dtype="fp32", lens=short_16[300:], num_heads=16, page_size=16),
-        Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=short_128, num_heads=128, page_size=16),
-        Case("balanced-items-h64plus-bf16-page64", lens=short_128, num_heads=128, page_size=64),
+        Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=SHORT_LENS, num_heads=128, page_size=16),
+        Case("balanced-items-h64plus-bf16-page64", lens=SHORT_LENS, num_heads=128, page_size=64),
         Case("balanced-items-one-wave-bf16-page64", lens=one_wave, num_heads=128, page_size=64),
         Case("balanced-items-one-sequence-bf16-page64", lens=[5003], num_heads=128, page_size=64),
     ]
