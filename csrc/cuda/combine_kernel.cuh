@@ -96,7 +96,6 @@ __device__ __forceinline__ void read_sequence_splits(const DecodeParams& p, int 
 template <typename T>
 __device__ __forceinline__ void combine_unit(const DecodeParams& p, const CombineUnit& u, int group, int groups,
                                              int warp_slot, int lane, float4 (*part_acc)[32], float* part_sum) {
-  constexpr float kNegInf = -__builtin_huge_valf();
   const bool active = u.active;
   const int num_splits = u.num_splits;
   const int64_t lse_first = u.lse_first, lse_stride = u.lse_stride;
@@ -386,7 +385,6 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
 // One warp per row; lanes stride over the row's columns.
 template <typename T>
 __global__ void __launch_bounds__(128) merge_states_kernel(const __grid_constant__ MergeStatesParams p) {
-  constexpr float kNegInf = -__builtin_huge_valf();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (row >= p.rows) return;
   const int lane = threadIdx.x & 31;

@@ -64,7 +64,6 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
   constexpr int kNT = Cfg::kKeyNTiles;
   constexpr int kCT = Cfg::kColNTiles;
   constexpr int kWKS = Cfg::kWarpKSteps;
-  constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* q_smem = smem + Cfg::kQOffset;

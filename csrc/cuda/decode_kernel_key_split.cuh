@@ -123,7 +123,6 @@ __device__ __forceinline__ void decode_key_split_body(const DecodeParams& p) {
   constexpr int kMT = Cfg::kMTiles;
   constexpr int kNT = Cfg::kKeyNTiles;
   constexpr int kCT = Cfg::kColNTiles;
-  constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* q_smem = smem + Cfg::kQOffset;

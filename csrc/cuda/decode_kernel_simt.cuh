@@ -84,7 +84,6 @@ __device__ __forceinline__ void decode_simt_body(const DecodeParams& p, const Ct
   constexpr int kN = Cfg::kKeyTile;
   constexpr int kBR = Cfg::kBlockRows;
   constexpr int kV = Cfg::kBlockValues;
-  constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* q_smem = smem + Cfg::kQOffset;

@@ -71,7 +71,6 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   constexpr int kPar = Cfg::kParities;
   constexpr int kRowBytes = Row::kBytes;
   constexpr int kStepBytes = 2 * kW * 16;  // chunk distance between a warp's consecutive k-steps / column blocks
-  constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint8_t* q_smem = smem + Cfg::kQOffset;

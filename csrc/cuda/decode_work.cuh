@@ -231,7 +231,7 @@ __device__ __forceinline__ void write_row_result(const DecodeParams& p, const Ct
                                                  int col0, bool writes_lse, Pair pair) {
   const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
   const float inv = seen ? 1.f / l : 0.f;
-  const float lse = seen ? (row_max + log2f(l)) * 0.6931471805599453f : -__builtin_huge_valf();
+  const float lse = seen ? (row_max + log2f(l)) * 0.6931471805599453f : kNegInf;
   if (w.single_split) {
     T* out = static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r);
 #pragma unroll

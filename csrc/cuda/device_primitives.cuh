@@ -12,6 +12,9 @@
 
 namespace mla::cuda {
 
+// -inf: masked scores, empty rows' maxima and lse.
+constexpr float kNegInf = -__builtin_huge_valf();
+
 template <DType dtype>
 struct ElementOf;
 template <>

@@ -19,7 +19,6 @@ __device__ __forceinline__ void fragment_softmax_rescale(float (&s)[kNT][4], con
                                                          const int (&row_limit)[2], int t, float scale_log2,
                                                          float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
                                                          float (&base)[2]) {
-  constexpr float kNegInf = -__builtin_huge_valf();
   float tile_max[2] = {kNegInf, kNegInf};
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {

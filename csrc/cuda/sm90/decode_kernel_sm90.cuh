@@ -73,7 +73,6 @@ namespace mla::cuda::sm90 {
 namespace detail {
 
 using C = Sm90Tile;
-constexpr float kNegInf = -__builtin_huge_valf();
 
 __device__ __forceinline__ bool tile_loaded(const DecodeParams& p, const CtaWork& w, int tile) {
   int row_in_page = 0;
