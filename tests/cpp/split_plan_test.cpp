@@ -29,9 +29,10 @@ bool is_16_bit(DType dtype) {
 void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int sms) {
   const int plain = default_kv_len_per_split(batch, rows, capacity, sms, dtype, false);
   const int hopper = default_kv_len_per_split(batch, rows, capacity, sms, dtype, true);
-  for (const int len : {plain, hopper}) {
-    check(len > 0 && len % 16 == 0, "split is a positive multiple of 16", dtype, batch, rows, capacity, sms, true, len);
-  }
+  check(plain > 0 && plain % 16 == 0, "split is a positive multiple of 16", dtype, batch, rows, capacity, sms, false,
+        plain);
+  check(hopper > 0 && hopper % 16 == 0, "split is a positive multiple of 16", dtype, batch, rows, capacity, sms, true,
+        hopper);
   if (rows > 32 && is_16_bit(dtype)) {
     check(plain % 64 == 0, "many rows split on 64-key tiles", dtype, batch, rows, capacity, sms, false, plain);
   }
@@ -46,9 +47,10 @@ void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int s
 void check_balanced_plan(DType dtype, int batch, int rows, int sms) {
   const BalancedSplit plain = balanced_split_for(batch, rows, sms, dtype, false);
   const BalancedSplit hopper = balanced_split_for(batch, rows, sms, dtype, true);
-  for (const BalancedSplit& s : {plain, hopper}) {
-    check(s.target >= 1, "at least one piece", dtype, batch, rows, 0, sms, true, s.target);
-    check(s.align == 32 || s.align == 64, "cuts on 32- or 64-key tiles", dtype, batch, rows, 0, sms, true, s.align);
+  for (const bool sm90 : {false, true}) {
+    const BalancedSplit& s = sm90 ? hopper : plain;
+    check(s.target >= 1, "at least one piece", dtype, batch, rows, 0, sms, sm90, s.target);
+    check(s.align == 32 || s.align == 64, "cuts on 32- or 64-key tiles", dtype, batch, rows, 0, sms, sm90, s.align);
   }
   const bool moved = rows > 16 && rows <= 32 && is_16_bit(dtype);
   if (moved) {
