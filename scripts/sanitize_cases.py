@@ -263,7 +263,8 @@ def kernel_cases() -> list[Case]:
 def balanced_cases() -> list[Case]:
     """Balanced splits over many short sequences and a long one. Few rows: CTAs walk several sequences of their
     range, reusing shared memory between them. Many rows: one work item per CTA, spare items included, from the
-    planner kernel's table (also with the long sequences cut into one wave) or, for one sequence, planned per CTA."""
+    planner kernel's table (a warp up to 32 sequences, a CTA above; also with the long sequences cut into one wave,
+    and a batch wider than the planner's CTA) or, for one sequence, planned per CTA."""
     short_16 = [(i * 7) % 23 for i in range(600)] + [2000]
     one_wave = [8192, 8155] + [(i * 7) % 97 + 2 for i in range(60)]
     return [
@@ -272,7 +273,10 @@ def balanced_cases() -> list[Case]:
         Case("balanced-items-key-split-fp16-page16", dtype="fp16", lens=SHORT_LENS, num_heads=128, page_size=16),
         Case("balanced-items-h64plus-bf16-page64", lens=SHORT_LENS, num_heads=128, page_size=64),
         Case("balanced-items-one-wave-bf16-page64", lens=one_wave, num_heads=128, page_size=64),
+        Case("balanced-items-planner-600-bf16-page64", lens=short_16, num_heads=128, page_size=64),
         Case("balanced-items-one-sequence-bf16-page64", lens=[5003], num_heads=128, page_size=64),
+        Case("balanced-items-seven-sequences-bf16-page64", lens=[3000, 17, 0, 1200, 5, 64, 999], num_heads=128,
+             page_size=64),
     ]
 
 

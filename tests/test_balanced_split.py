@@ -1,7 +1,8 @@
 """The default split of a call with seq_lens: on CUDA it is planned on device from the actual lengths (balanced
 splits). Few rows: the batch's keys cut into equal ranges, one per CTA (every CTA derives the same cuts), so long
 sequences become many pieces and a CTA may walk several short ones. Many rows: long sequences cut into work items
-of about equal length, one per CTA (a planner kernel writes them to a table; one sequence's CTAs plan their own).
+of about equal length, one per CTA (a planner kernel writes them to a table, one warp of it up to 32 sequences and
+one thread per sequence above; one sequence's CTAs plan their own).
 Ragged batches, batches wider than a warp, hundreds of short sequences, and short sequences in long capacities,
 against the float64 reference."""
 
@@ -31,7 +32,7 @@ def ragged_lens(seed, batch, long_len, long_count):
 @pytest.mark.parametrize("page_size", [None, 64, 16], ids=["dense", "page64", "page16"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_ragged_batch_with_default_split(dtype, page_size, num_heads, seqlen_q, causal, device, gen):
-    # 45 sequences: the device-side plan walks the batch in two warp-wide rounds.
+    # 45 sequences: the ranges' plan walks the batch in two warp-wide rounds, the work items' planner in two warps.
     lens = ragged_lens(int(torch.randint(1 << 30, (1,), generator=gen)), 45, 2500, 3)
     problem = make_problem(
         gen,

@@ -8,7 +8,8 @@
 // is never cut finer than sqrt(split_cost * its length) keys, where more splits would cost more in partials than
 // they save in time. One CTA per work item: short sequences are not packed together (balanced_ranges.cuh does
 // that for the few-row kernels).
-// Every function here is warp-cooperative: all 32 lanes call it with the same arguments.
+// The plan's passes take a thread group (plan_groups.cuh: a warp or the planner's CTA); every member calls them with
+// the same arguments.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,13 +17,14 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "plan_groups.cuh"
 #include "sequence_length.cuh"
 
 namespace mla::cuda {
 
 // Split lengths are multiples of p.kv_len_per_split, which holds the alignment in balanced mode (for work items the
 // many-row kernels' 64-key tile, a power of two), so rounding is a mask. Longer than the capacity changes nothing, so
-// lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (every lane runs this for every
+// lengths are capped there: below 2^31, and the 32-bit sums below cannot wrap (the planners run this for every
 // sequence, and 64-bit division is several times slower).
 __device__ __forceinline__ unsigned round_up_split(const DecodeParams& p, unsigned x) {
   const unsigned align = static_cast<unsigned>(p.kv_len_per_split);
@@ -53,32 +55,26 @@ struct BatchPlan {
 };
 
 // Sums over the batch for a given chunk: items of multi-split sequences and the count of one-split sequences.
-__device__ __forceinline__ int2 count_items(const DecodeParams& p, int chunk) {
-  const int lane = threadIdx.x & 31;
+template <class Group>
+__device__ __forceinline__ int2 count_items(const DecodeParams& p, const Group& g, int chunk) {
   int many = 0, single = 0;
-  for (int b = lane; b < p.batch; b += 32) {
+  for (int b = g.rank(); b < p.batch; b += g.size()) {
     const int count = splits_of(p, chunk, clamped_seq_len(p, b)).count;
     many += count > 1 ? count : 0;
     single += count == 1 ? 1 : 0;
   }
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) {
-    many += __shfl_xor_sync(0xffffffffu, many, off);
-    single += __shfl_xor_sync(0xffffffffu, single, off);
-  }
-  return make_int2(many, single);
+  return g.sum(make_int2(many, single));
 }
 
-__device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
-  const int lane = threadIdx.x & 31;
+template <class Group>
+__device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p, const Group& g) {
   int64_t total = 0;
-  for (int b = lane; b < p.batch; b += 32) total += clamped_seq_len(p, b);
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+  for (int b = g.rank(); b < p.batch; b += g.size()) total += clamped_seq_len(p, b);
+  total = g.sum(total);
   const int64_t target = p.balanced_target;
   const int64_t even = (total + target - 1) / target;
   int chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(even, static_cast<int64_t>(p.capacity)))));
-  int2 items = count_items(p, chunk);
+  int2 items = count_items(p, g, chunk);
   // Rounding and one-piece sequences can overshoot one wave of CTAs by a little; a few items in a second wave would
   // nearly double the time, so lengthen the splits to fit. (A large overshoot means many sequences: several waves
   // are unavoidable and short splits balance them best.)
@@ -86,7 +82,7 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
   if (all > target && 4 * all <= 5 * target) {
     const int64_t longer = (static_cast<int64_t>(chunk) * all + target - 1) / target;
     chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(longer, static_cast<int64_t>(p.capacity)))));
-    items = count_items(p, chunk);
+    items = count_items(p, g, chunk);
   } else if (all > target && items.y <= target) {
     // A few long sequences among short ones: the short items that do not fit beside the long pieces would run
     // behind them in a ragged tail (one short item costs its keys plus a CTA's start-up). When the one-piece
@@ -94,7 +90,7 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
     // instead; the short items follow in a second wave (perf-notes v12, v14).
     int64_t long_keys = 0;
     int longest_single = 0;
-    for (int b = lane; b < p.batch; b += 32) {
+    for (int b = g.rank(); b < p.batch; b += g.size()) {
       const int len = clamped_seq_len(p, b);
       if (splits_of(p, chunk, len).count > 1) {
         long_keys += len;
@@ -102,17 +98,14 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
         longest_single = max(longest_single, len);
       }
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-      long_keys += __shfl_xor_sync(0xffffffffu, long_keys, off);
-      longest_single = max(longest_single, __shfl_xor_sync(0xffffffffu, longest_single, off));
-    }
+    long_keys = g.sum(long_keys);
+    longest_single = g.max(longest_single);
     if (2 * static_cast<int64_t>(longest_single) <= chunk) {
       int64_t piece = (long_keys + target - 1) / target;
       int2 wave = make_int2(0, 0);
       for (int attempt = 0; attempt < 2; ++attempt) {  // rounding each sequence's count can overshoot: lengthen once
         piece = round_up_split(p, static_cast<unsigned>(min(piece, static_cast<int64_t>(p.capacity))));
-        wave = count_items(p, static_cast<int>(piece));
+        wave = count_items(p, g, static_cast<int>(piece));
         if (wave.x <= target) break;
         piece = (piece * wave.x + target - 1) / target;
       }
@@ -130,7 +123,7 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p) {
 // pieces, then spares. Out of line: inlined, plan code in the kernels' prologue slowed every call (perf-notes v13).
 // Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
 static __device__ __noinline__ int4 single_sequence_item(const DecodeParams& p, int item) {
-  const SequenceSplits s = splits_of(p, balanced_plan(p).chunk, clamped_seq_len(p, 0));
+  const SequenceSplits s = splits_of(p, balanced_plan(p, WarpGroup{}).chunk, clamped_seq_len(p, 0));
   return item < s.count ? make_int4(0, 0, s.count, s.length) : make_int4(-1, 0, 1, 0);
 }
 

@@ -1,0 +1,110 @@
+// The thread groups that run a balanced plan (balanced_items.cuh) together: one warp, when a main-kernel CTA plans
+// its own item, or the planner kernel's whole CTA, whose warps each take a share of the batch (one sequence per
+// thread up to its size), so the plan's passes over seq_lens run side by side instead of as one warp's chain of
+// dependent loads and divisions (perf-notes v15, v26, v27); a batch of up to 32 sequences keeps the warp, which needs
+// no shared memory or barriers. Every member of the group calls each function with the same arguments; results are the
+// same in every thread and exact (integer sums and maxima), so both groups plan alike.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mla::cuda {
+
+struct WarpGroup {
+  __device__ __forceinline__ int rank() const { return threadIdx.x & 31; }
+  __device__ __forceinline__ int size() const { return 32; }
+  __device__ __forceinline__ int64_t sum(int64_t v) const {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+  }
+  __device__ __forceinline__ int2 sum(int2 v) const {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+      v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+      v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+    }
+    return v;
+  }
+  __device__ __forceinline__ int max(int v) const {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) v = ::max(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+  }
+  // Inclusive prefix sums of both components in lane order; `total` gets the warp's sums.
+  __device__ __forceinline__ int2 inclusive_sum(int2 v, int2& total) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, v.x, off);
+      const int y = __shfl_up_sync(0xffffffffu, v.y, off);
+      if (lane >= off) v.x += x, v.y += y;
+    }
+    total = make_int2(__shfl_sync(0xffffffffu, v.x, 31), __shfl_sync(0xffffffffu, v.y, 31));
+    return v;
+  }
+};
+
+// A one-dimensional CTA of whole warps (up to 32). Each reduction reduces within warps, meets in `slots` (shared
+// memory, one entry per warp) and reduces the warps' entries again in every warp; the barrier before the writes keeps
+// a reduction from overwriting entries the previous one is still reading.
+struct BlockGroup {
+  int64_t (*slots)[2];  // [32][2] in shared memory
+
+  __device__ __forceinline__ int rank() const { return threadIdx.x; }
+  __device__ __forceinline__ int size() const { return blockDim.x; }
+
+  __device__ __forceinline__ int64_t sum(int64_t v) const {
+    v = WarpGroup{}.sum(v);
+    return exchange(v, 0, true).x;
+  }
+  __device__ __forceinline__ int2 sum(int2 v) const {
+    v = WarpGroup{}.sum(v);
+    const longlong2 s = exchange(v.x, v.y, true);
+    return make_int2(static_cast<int>(s.x), static_cast<int>(s.y));
+  }
+  __device__ __forceinline__ int max(int v) const {
+    v = WarpGroup{}.max(v);
+    return static_cast<int>(exchange(v, 0, false).x);
+  }
+
+  // Inclusive prefix sums of both components in thread order; `total` gets the whole group's sums.
+  __device__ __forceinline__ int2 inclusive_sum(int2 v, int2& total) const {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int2 warp_total;
+    v = WarpGroup{}.inclusive_sum(v, warp_total);
+    __syncthreads();
+    if (lane == 0) slots[warp][0] = warp_total.x, slots[warp][1] = warp_total.y;
+    __syncthreads();
+    // lane l scans warp l's total: the warps before this one give its offset, all of them the group's total
+    int2 warps_upto = make_int2(lane < warps ? static_cast<int>(slots[lane][0]) : 0,
+                                lane < warps ? static_cast<int>(slots[lane][1]) : 0);
+    warps_upto = WarpGroup{}.inclusive_sum(warps_upto, total);
+    const int before_x = __shfl_sync(0xffffffffu, warps_upto.x, (warp + 31) & 31);
+    const int before_y = __shfl_sync(0xffffffffu, warps_upto.y, (warp + 31) & 31);
+    if (warp > 0) v.x += before_x, v.y += before_y;
+    return v;
+  }
+
+ private:
+  // Every warp's lane 0 holds its warp's value(s); returns the group's sums (or maxima of a) in every thread.
+  __device__ __forceinline__ longlong2 exchange(int64_t a, int64_t b, bool add) const {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) slots[warp][0] = a, slots[warp][1] = b;
+    __syncthreads();
+    a = lane < warps ? slots[lane][0] : (add ? 0 : INT64_MIN);
+    b = lane < warps ? slots[lane][1] : 0;
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+      const int64_t oa = __shfl_xor_sync(0xffffffffu, a, off);
+      a = add ? a + oa : ::max(a, oa);
+      b += __shfl_xor_sync(0xffffffffu, b, off);
+    }
+    return make_longlong2(a, b);
+  }
+};
+
+}  // namespace mla::cuda
