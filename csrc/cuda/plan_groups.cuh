@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "device_primitives.cuh"
+
 namespace mla::cuda {
 
 struct WarpGroup {
@@ -35,13 +37,7 @@ struct WarpGroup {
   }
   // Inclusive prefix sums of both components in lane order; `total` gets the warp's sums.
   __device__ __forceinline__ int2 inclusive_sum(int2 v, int2& total) const {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int x = __shfl_up_sync(0xffffffffu, v.x, off);
-      const int y = __shfl_up_sync(0xffffffffu, v.y, off);
-      if (lane >= off) v.x += x, v.y += y;
-    }
+    v = make_int2(warp_inclusive_sum(v.x), warp_inclusive_sum(v.y));
     total = make_int2(__shfl_sync(0xffffffffu, v.x, 31), __shfl_sync(0xffffffffu, v.y, 31));
     return v;
   }
