@@ -78,7 +78,7 @@ inline void launch_work_item_plan(const DecodeParams& p, cudaStream_t stream, bo
   // whole warps, one thread per sequence up to the limit
   const int64_t threads = std::min<int64_t>(kPlannerMaxThreads, (static_cast<int64_t>(p.batch) + 31) / 32 * 32);
   config.gridDim = dim3(1);
-  config.blockDim = dim3(static_cast<unsigned>(std::max<int64_t>(threads, 32)));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
   config.stream = stream;
   config.attrs = overlap ? &attribute : nullptr;
   config.numAttrs = overlap ? 1 : 0;
