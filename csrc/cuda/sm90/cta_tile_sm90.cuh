@@ -37,8 +37,11 @@ struct Sm90Tile {
   static constexpr int kKvOffset = kQOffset + kTileBytes;
   static constexpr int kAlign = 1024;  // the swizzle pattern repeats every 1024 bytes: tiles start aligned
   static constexpr int kSmemBytes = kKvOffset + kStages * kTileBytes + kAlign;
-  // mbarriers: full[stage][block], then empty[stage][half].
-  static constexpr int kBarriers = kStages * kBlocks + kStages * kHalves;
+  // A stage's blocks land in three parts, each behind one full barrier: the owner's V half, the other half (4 blocks,
+  // 32 KB each), then k_pe (one block).
+  static constexpr int kParts = kHalves + 1;
+  // mbarriers: full[stage][part], then empty[stage][half].
+  static constexpr int kBarriers = kStages * kParts + kStages * kHalves;
   // Statically declared shared memory: barriers, published row maxima, row sums. Its presence also tells the
   // launcher that the sm_90a body was compiled (builds without sm_90a get an empty kernel with none).
   static constexpr int kStaticSmemBytes = kBarriers * 8 + 4 * kRowTile * 4;
@@ -56,6 +59,10 @@ struct Sm90Tile {
   static constexpr int walk_block(int owner, int i) {
     return i < kLatentBlocks ? ((i / kHalfBlocks) ^ owner) * kHalfBlocks + i % kHalfBlocks : i;
   }
+  // The part of the i-th block of that walk, and whether the block opens its part.
+  static constexpr int walk_part(int i) { return i < kLatentBlocks ? i / kHalfBlocks : kHalves; }
+  static constexpr bool opens_part(int i) { return i < kLatentBlocks ? i % kHalfBlocks == 0 : i == kLatentBlocks; }
+  static constexpr int part_bytes(int part) { return part < kHalves ? kHalfBlocks * kBlockBytes : kBlockBytes; }
 
   static_assert(kHeadDim % kBlockCols == 0 && kRopeDim == kBlockCols, "576 = 8 latent blocks + 1 rotary block");
   static_assert(kStages == 2 && kHalves == 2, "tiles go in pairs, one per consumer warpgroup");

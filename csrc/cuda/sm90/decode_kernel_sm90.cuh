@@ -3,8 +3,8 @@
 // One CTA = (sequence, block of 64 query rows, KV split), 384 threads in three warpgroups (layout, barriers and
 // the epilogue in cta_tile_sm90.cuh):
 //   warpgroup 0   producer: one thread streams 64-key tiles [kv (512) | k_pe (64)] into two shared-memory stages
-//                 with the bulk tensor copy engine, a full mbarrier per 64-column block; it gives its registers
-//                 away.
+//                 with the bulk tensor copy engine, a full mbarrier per part (a V half, the other, k_pe); it gives its
+//                 registers away.
 //   warpgroups 1-2 consumers, "seesaw" schedule. WG c (c = 0, 1) owns the tiles t with t % 2 == c (= its stage):
 //                 it computes their full S_t = Q . K_t^T (64 x 64, m64n64k16, both operands in shared memory), and
 //                 accumulates output columns [256c, 256c + 256) from EVERY tile: O_c += P_t . V_t[:, 256c:], V being
@@ -30,10 +30,10 @@
 // b + 2 behind the copies of a + 2.
 //
 // Synchronisation (phase parity of tile t: (t / 2) & 1; each mbarrier completes once per use of its stage):
-//   full[s][k]   18 mbarriers, count 1 (+ 8192 TMA bytes): the producer's arrive.expect_tx (a bare arrive for a tile
-//                whose page is not loaded). Waited by the owner only (all 9 blocks, in walk order, before its S);
-//                the other warpgroup reads its V half after the owner's signal (ready + s), which orders those
-//                copies before its reads.
+//   full[s][p]   6 mbarriers, count 1 (+ the part's TMA bytes: 32 KB for a V half, 8 KB for k_pe): the producer's
+//                arrive.expect_tx (a bare arrive for a tile whose page is not loaded). Waited by the owner only (the
+//                three parts in walk order, each before its share of S); the other warpgroup reads its V half after
+//                the owner's signal (ready + s), which orders those copies before its reads.
 //   empty[s][h]  4 mbarriers, count 4: lane 0 of each warp of WG h, once its P . V of the tile is complete (or the
 //                tile was skipped). Waited by the producer before loading half h of tile t + 2 into stage s; both
 //                before its k_pe block.
@@ -87,8 +87,8 @@ __device__ __forceinline__ int recomputed(int x) {
   return x;
 }
 
-__device__ __forceinline__ uint32_t full_barrier(uint32_t full_bar, int tile, int block) {
-  return full_bar + 8 * ((tile % C::kStages) * C::kBlocks + block);
+__device__ __forceinline__ uint32_t full_barrier(uint32_t full_bar, int tile, int part) {
+  return full_bar + 8 * ((tile % C::kStages) * C::kParts + part);
 }
 __device__ __forceinline__ uint32_t empty_barrier(uint32_t empty_bar, int stage, int half) {
   return empty_bar + 8 * (stage * C::kHalves + half);
@@ -120,12 +120,12 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
         mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
       }
       const int block = C::walk_block(stage, i);
-      const uint32_t full = full_barrier(full_bar, tile, block);
+      const uint32_t full = full_barrier(full_bar, tile, C::walk_part(i));
       if (page < 0) {
-        mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
+        if (C::opens_part(i)) mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
         continue;
       }
-      mbarrier_arrive_expect_tx(full, C::kBlockBytes);
+      if (C::opens_part(i)) mbarrier_arrive_expect_tx(full, C::part_bytes(C::walk_part(i)));
       if (block < C::kLatentBlocks) {
         tma_load_3d(dst + block * C::kBlockBytes, kv_map, full, block * C::kBlockCols, row_in_page, page);
       } else {
@@ -146,9 +146,11 @@ __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t
 #pragma unroll
   for (int i = 0; i < C::kBlocks; ++i) {
     const int block = C::walk_block(kOwner, i);
-    // Each 64-column block has its own barrier: the products on the first blocks run while later ones arrive.
-    mbarrier_wait(full_barrier(full_bar, tile, block), phase_parity(tile));
-    wgmma_fence();  // after the wait's branch, so the compiler need not insert one (it would serialize the wgmmas)
+    // One barrier per part: the products on the first part run while the later ones arrive.
+    if (C::opens_part(i)) {
+      mbarrier_wait(full_barrier(full_bar, tile, C::walk_part(i)), phase_parity(tile));
+      wgmma_fence();  // after the wait's branch, so the compiler need not insert one (it would serialize the wgmmas)
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t desc_q = smem_descriptor(q_smem + block * C::kBlockBytes + kk * 32, 16, 1024);
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
                        const __grid_constant__ CUtensorMap k_pe_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Tile;
-  __shared__ __align__(8) uint64_t barriers[C::kBarriers];  // full[stage][block], empty[stage][half]
+  __shared__ __align__(8) uint64_t barriers[C::kBarriers];  // full[stage][part], empty[stage][half]
   __shared__ float published[2][64];  // [owner warpgroup][row]: running max after the owner's latest tile
   __shared__ float red_sum[2][64];    // [consumer warpgroup][row]: final row-sum shares
   extern __shared__ __align__(1024) uint8_t dynamic_smem[];
@@ -437,14 +439,14 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   const uint32_t base = (raw + C::kAlign - 1) & ~static_cast<uint32_t>(C::kAlign - 1);
   uint8_t* smem = dynamic_smem + (base - raw);
   const uint32_t full_bar = smem_u32(&barriers[0]);
-  const uint32_t empty_bar = smem_u32(&barriers[C::kStages * C::kBlocks]);
+  const uint32_t empty_bar = smem_u32(&barriers[C::kStages * C::kParts]);
 
   wait_for_previous_grid();  // launched with programmatic dependent launch: inputs may come from the kernel before
   allow_next_grid_launch();
   const CtaWork w = single_cta_work<C::kRowTile, C::kKeyTile>(p);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int b = 0; b < C::kStages * C::kBlocks; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)
+    for (int b = 0; b < C::kStages * C::kParts; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)
     for (int b = 0; b < C::kStages * C::kHalves; ++b) mbarrier_init(empty_bar + 8 * b, C::kHalfWarps);  // per warp
     fence_barrier_init();
   }
