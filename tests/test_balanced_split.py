@@ -69,10 +69,11 @@ def test_one_long_sequence_among_short_ones(dtype, batch, num_heads, device, gen
 @pytest.mark.parametrize("num_heads", [40, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
 def test_more_sequences_than_combine_threads(dtype, num_heads, uniform, gen):
-    """600 sequences of many rows. bf16 takes the many-row work items, whose per-sequence combine gives each of its
-    512 layout threads two sequences; fp32 walks ranges and keeps the fixed-count combine. Ragged: long ones of many
-    pieces among short and empty ones of one. Uniform: sequences in one piece (every one for the work items, 600 of
-    them fill several waves), whose outputs the main kernel writes and the combine must leave alone."""
+    """600 sequences of many rows. bf16 takes the many-row work items, planned by the planner kernel's 512-thread CTA
+    in two rounds over the batch, whose per-sequence combine gives each of its 512 layout threads two sequences; fp32
+    walks ranges and keeps the fixed-count combine. Ragged: long ones of many pieces among short and empty ones of
+    one. Uniform: sequences in one piece (every one for the work items, 600 of them fill several waves), whose outputs
+    the main kernel writes and the combine must leave alone."""
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
     lens = [300] * 600 if uniform else [3000, 2000, 1000] + [rng.randint(0, 40) for _ in range(597)]
     rng.shuffle(lens)
