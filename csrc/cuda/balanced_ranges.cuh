@@ -19,6 +19,7 @@
 
 #include "../params.h"
 #include "device_primitives.cuh"
+#include "plan_groups.cuh"
 #include "sequence_length.cuh"
 
 namespace mla::cuda {
@@ -68,11 +69,8 @@ __device__ __forceinline__ int64_t range_length(const DecodeParams& p) {
     total += line_positions(p, len);
     longest = max(longest, len);
   }
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) {
-    total += __shfl_xor_sync(0xffffffffu, total, off);
-    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, off));
-  }
+  total = WarpGroup{}.sum(total);
+  longest = WarpGroup{}.max(longest);
   const int64_t even = (total + p.balanced_target - 1) / p.balanced_target;
   const int64_t floor_len = static_cast<int64_t>(ceilf(sqrtf(p.balanced_split_cost * static_cast<float>(longest))));
   return round_up_cut(p, max(max(even, floor_len), int64_t{1}));

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "device_primitives.cuh"
@@ -43,9 +44,9 @@ struct WarpGroup {
   }
 };
 
-// A one-dimensional CTA of whole warps (up to 32). Each reduction reduces within warps, meets in `slots` (shared
-// memory, one entry per warp) and reduces the warps' entries again in every warp; the barrier before the writes keeps
-// a reduction from overwriting entries the previous one is still reading.
+// A one-dimensional CTA of whole warps (up to 32). Each reduction reduces within warps, gathers the warps' results
+// through `slots` (shared memory, one entry per warp) into the lanes of every warp and reduces them there again; the
+// barrier before the writes keeps a reduction from overwriting entries the previous one is still reading.
 struct BlockGroup {
   int64_t (*slots)[2];  // [32][2] in shared memory
 
@@ -53,31 +54,25 @@ struct BlockGroup {
   __device__ __forceinline__ int size() const { return blockDim.x; }
 
   __device__ __forceinline__ int64_t sum(int64_t v) const {
-    v = WarpGroup{}.sum(v);
-    return exchange(v, 0, true).x;
+    return WarpGroup{}.sum(gather(WarpGroup{}.sum(v), 0, 0).x);
   }
   __device__ __forceinline__ int2 sum(int2 v) const {
     v = WarpGroup{}.sum(v);
-    const longlong2 s = exchange(v.x, v.y, true);
-    return make_int2(static_cast<int>(s.x), static_cast<int>(s.y));
+    const longlong2 w = gather(v.x, v.y, 0);
+    return WarpGroup{}.sum(make_int2(static_cast<int>(w.x), static_cast<int>(w.y)));
   }
   __device__ __forceinline__ int max(int v) const {
-    v = WarpGroup{}.max(v);
-    return static_cast<int>(exchange(v, 0, false).x);
+    return WarpGroup{}.max(static_cast<int>(gather(WarpGroup{}.max(v), 0, INT_MIN).x));
   }
 
   // Inclusive prefix sums of both components in thread order; `total` gets the whole group's sums.
   __device__ __forceinline__ int2 inclusive_sum(int2 v, int2& total) const {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5;
     int2 warp_total;
     v = WarpGroup{}.inclusive_sum(v, warp_total);
-    __syncthreads();
-    if (lane == 0) slots[warp][0] = warp_total.x, slots[warp][1] = warp_total.y;
-    __syncthreads();
     // lane l scans warp l's total: the warps before this one give its offset, all of them the group's total
-    int2 warps_upto = make_int2(lane < warps ? static_cast<int>(slots[lane][0]) : 0,
-                                lane < warps ? static_cast<int>(slots[lane][1]) : 0);
-    warps_upto = WarpGroup{}.inclusive_sum(warps_upto, total);
+    const longlong2 w = gather(warp_total.x, warp_total.y, 0);
+    const int2 warps_upto = WarpGroup{}.inclusive_sum(make_int2(static_cast<int>(w.x), static_cast<int>(w.y)), total);
     const int before_x = __shfl_sync(0xffffffffu, warps_upto.x, (warp + 31) & 31);
     const int before_y = __shfl_sync(0xffffffffu, warps_upto.y, (warp + 31) & 31);
     if (warp > 0) v.x += before_x, v.y += before_y;
@@ -85,21 +80,13 @@ struct BlockGroup {
   }
 
  private:
-  // Every warp's lane 0 holds its warp's value(s); returns the group's sums (or maxima of a) in every thread.
-  __device__ __forceinline__ longlong2 exchange(int64_t a, int64_t b, bool add) const {
+  // Every warp passes its warp-wide (a, b); lane l of every warp gets warp l's, (pad, 0) past the last warp.
+  __device__ __forceinline__ longlong2 gather(int64_t a, int64_t b, int64_t pad) const {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) slots[warp][0] = a, slots[warp][1] = b;
     __syncthreads();
-    a = lane < warps ? slots[lane][0] : (add ? 0 : INT64_MIN);
-    b = lane < warps ? slots[lane][1] : 0;
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-      const int64_t oa = __shfl_xor_sync(0xffffffffu, a, off);
-      a = add ? a + oa : ::max(a, oa);
-      b += __shfl_xor_sync(0xffffffffu, b, off);
-    }
-    return make_longlong2(a, b);
+    return lane < warps ? make_longlong2(slots[lane][0], slots[lane][1]) : make_longlong2(pad, 0);
   }
 };
 
