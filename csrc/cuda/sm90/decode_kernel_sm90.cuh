@@ -97,7 +97,7 @@ __device__ __forceinline__ uint32_t phase_parity(int tile) {
   return (tile / C::kStages) & 1;
 }
 
-// Producer (one thread): tile t into stage t % 2, block by block in its owner's walk order. Each half waits for
+// Producer (one thread): tile t into stage t % 2, one box per part in its owner's walk order. Each V half waits for
 // its own empty barrier (the previous tile of the stage freed by that half's warpgroup), so the owner's half of
 // tile t + 2 is in flight while the other warpgroup still reads its half of tile t; k_pe follows both. A tile
 // whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete a phase
@@ -114,22 +114,20 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
     const uint32_t dst = kv_smem + stage * C::kTileBytes;
 #pragma unroll
-    for (int i = 0; i < C::kBlocks; ++i) {
-      if (use > 0 && i < C::kLatentBlocks && i % C::kHalfBlocks == 0) {
-        const int half = (i / C::kHalfBlocks) ^ stage;  // the owner's half first
-        mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
-      }
-      const int block = C::walk_block(stage, i);
-      const uint32_t full = full_barrier(full_bar, tile, C::walk_part(i));
+    for (int part = 0; part < C::kParts; ++part) {
+      const int half = part ^ stage;  // latent parts: the owner's half first
+      if (use > 0 && part < C::kHalves) mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
+      const uint32_t full = full_barrier(full_bar, tile, part);
       if (page < 0) {
-        if (C::opens_part(i)) mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
+        mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
         continue;
       }
-      if (C::opens_part(i)) mbarrier_arrive_expect_tx(full, C::part_bytes(C::walk_part(i)));
-      if (block < C::kLatentBlocks) {
-        tma_load_3d(dst + block * C::kBlockBytes, kv_map, full, block * C::kBlockCols, row_in_page, page);
+      mbarrier_arrive_expect_tx(full, C::part_bytes(part));
+      if (part < C::kHalves) {
+        tma_load_4d(dst + half * C::kHalfBlocks * C::kBlockBytes, kv_map, full, 0, row_in_page, half * C::kHalfBlocks,
+                    page);
       } else {
-        tma_load_3d(dst + block * C::kBlockBytes, k_pe_map, full, 0, row_in_page, page);
+        tma_load_4d(dst + C::kPBlock * C::kBlockBytes, k_pe_map, full, 0, row_in_page, 0, page);
       }
     }
   }

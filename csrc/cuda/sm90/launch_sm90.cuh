@@ -83,24 +83,27 @@ inline bool supports(const DecodeParams& p) {
   return true;
 }
 
-// A cache [P, page_size, width] (row and page strides in elements) as a 3-D tensor map read in 64 x 64 boxes with
-// the 128-byte swizzle; rows past page_size read as zeros.
+// A cache [P, page_size, width] (row and page strides in elements) as a 4-D tensor map [P, width / 64, page_size,
+// 64]: a box of 64 rows x `blocks` 64-column blocks lands block after block (8 KB each, 128-byte swizzle), the layout
+// the kernel's operand tiles use, so one copy fills a whole part of a stage. Rows past page_size read as zeros.
 template <typename T>
-bool encode_cache_map(CUtensorMap* map, const void* data, int width, int64_t row_stride, int64_t page_stride,
-                      const DecodeParams& p) {
+bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks, int64_t row_stride,
+                      int64_t page_stride, const DecodeParams& p) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   constexpr int64_t kElement = 2;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(p.page_size),
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Sm90Tile::kBlockCols), static_cast<cuuint64_t>(p.page_size),
+                              static_cast<cuuint64_t>(width / Sm90Tile::kBlockCols),
                               static_cast<cuuint64_t>(p.num_pages)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride * kElement),
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride * kElement),
+                                 static_cast<cuuint64_t>(Sm90Tile::kBlockCols * kElement),
                                  static_cast<cuuint64_t>(page_stride * kElement)};
-  const cuuint32_t box[3] = {Sm90Tile::kBlockCols, Sm90Tile::kKeyTile, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const cuuint32_t box[4] = {Sm90Tile::kBlockCols, Sm90Tile::kKeyTile, static_cast<cuuint32_t>(blocks), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result =
-      encode(map, type, 3, const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      encode(map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS;
 }
@@ -119,8 +122,8 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   if (p.batch == 0 || ctas > INT_MAX) return false;
 
   CUtensorMap kv_map, k_pe_map;
-  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, p.kv_row_stride, p.kv_page_stride, p) ||
-      !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
+  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, C::kHalfBlocks, p.kv_row_stride, p.kv_page_stride, p) ||
+      !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
     return false;
   }
   // Programmatic dependent launch for small calls: the CTAs may start while the previous kernel on the stream drains
