@@ -122,7 +122,8 @@ bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) 
   if (p.batch == 0 || ctas > INT_MAX) return false;
 
   CUtensorMap kv_map, k_pe_map;
-  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, C::kHalfBlocks, p.kv_row_stride, p.kv_page_stride, p) ||
+  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, C::kHalfBlocks, p.kv_row_stride, p.kv_page_stride,
+                                        p) ||
       !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
     return false;
   }
