@@ -54,13 +54,15 @@ struct Sm90Tile {
   static constexpr int kReadyBarrier = 2;
   static constexpr int kOwnerBarrier = 4;
 
-  // The i-th block of a stage whose tiles warpgroup `owner` owns, in the order the producer loads it and the
-  // owner's S reads it: the owner's V half (freed first), the other half, then k_pe (free once both halves are).
-  static constexpr int walk_block(int owner, int i) {
-    return i < kLatentBlocks ? ((i / kHalfBlocks) ^ owner) * kHalfBlocks + i % kHalfBlocks : i;
+  // The first block of part `part` of a stage whose tiles warpgroup `owner` owns, parts in the order the producer
+  // loads them and the owner's S reads them: the owner's V half (freed first), the other half, then k_pe (free once
+  // both halves are).
+  static constexpr int part_block(int owner, int part) {
+    return part < kHalves ? (part ^ owner) * kHalfBlocks : kLatentBlocks;
   }
-  // The part of the i-th block of that walk, and whether the block opens its part.
+  // The i-th block of that walk, its part, and whether the block opens its part.
   static constexpr int walk_part(int i) { return i < kLatentBlocks ? i / kHalfBlocks : kHalves; }
+  static constexpr int walk_block(int owner, int i) { return part_block(owner, walk_part(i)) + i % kHalfBlocks; }
   static constexpr bool opens_part(int i) { return i < kLatentBlocks ? i % kHalfBlocks == 0 : i == kLatentBlocks; }
   static constexpr int part_bytes(int part) { return part < kHalves ? kHalfBlocks * kBlockBytes : kBlockBytes; }
 

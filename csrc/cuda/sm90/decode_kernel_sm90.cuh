@@ -115,20 +115,18 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
     const uint32_t dst = kv_smem + stage * C::kTileBytes;
 #pragma unroll
     for (int part = 0; part < C::kParts; ++part) {
-      const int half = part ^ stage;  // latent parts: the owner's half first
-      if (use > 0 && part < C::kHalves) mbarrier_wait(empty_barrier(empty_bar, stage, half), (use - 1) & 1);
+      const int block = C::part_block(stage, part);
+      const bool latent = part < C::kHalves;
+      if (use > 0 && latent) mbarrier_wait(empty_barrier(empty_bar, stage, block / C::kHalfBlocks), (use - 1) & 1);
       const uint32_t full = full_barrier(full_bar, tile, part);
       if (page < 0) {
         mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
         continue;
       }
       mbarrier_arrive_expect_tx(full, C::part_bytes(part));
-      if (part < C::kHalves) {
-        tma_load_4d(dst + half * C::kHalfBlocks * C::kBlockBytes, kv_map, full, 0, row_in_page, half * C::kHalfBlocks,
-                    page);
-      } else {
-        tma_load_4d(dst + C::kPBlock * C::kBlockBytes, k_pe_map, full, 0, row_in_page, 0, page);
-      }
+      // the cache maps' third coordinate counts 64-column blocks: k_pe is block 0 of its own map
+      tma_load_4d(dst + block * C::kBlockBytes, latent ? kv_map : k_pe_map, full, 0, row_in_page, latent ? block : 0,
+                  page);
     }
   }
 }
