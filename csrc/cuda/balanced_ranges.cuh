@@ -61,16 +61,16 @@ struct RangeSegment {
 // (finer ones cost more in partials than they save), rounded up to the alignment. Warp-cooperative: all 32 lanes
 // call it.
 __device__ __forceinline__ int64_t range_length(const DecodeParams& p) {
-  const int lane = threadIdx.x & 31;
+  const WarpGroup warp{};
   int64_t total = 0;
   int longest = 0;
-  for (int b = lane; b < p.batch; b += 32) {
+  for (int b = warp.rank(); b < p.batch; b += warp.size()) {
     const int len = clamped_seq_len(p, b);
     total += line_positions(p, len);
     longest = max(longest, len);
   }
-  total = WarpGroup{}.sum(total);
-  longest = WarpGroup{}.max(longest);
+  total = warp.sum(total);
+  longest = warp.max(longest);
   const int64_t even = (total + p.balanced_target - 1) / p.balanced_target;
   const int64_t floor_len = static_cast<int64_t>(ceilf(sqrtf(p.balanced_split_cost * static_cast<float>(longest))));
   return round_up_cut(p, max(max(even, floor_len), int64_t{1}));
