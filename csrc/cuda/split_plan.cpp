@@ -1,11 +1,12 @@
 // Default split size for the CUDA decode: pick kv_len_per_split from shapes and the SM count only (never from
 // seq_lens, so the choice is the same at CUDA-graph capture and replay).
 //
-// Cost model, in units of "one SM streaming one key": a CTA costs its keys plus a fixed overhead (query load,
-// pipeline fill, launch latency); CTAs run in waves of one per SM; more than one split adds the combine pass over
-// the fp32 partials (written and read once, spread over all SMs) plus a second launch. The candidate with the
-// lowest cost wins; ties go to fewer splits. Small batches therefore spread one sequence over the whole GPU, large
-// ones keep one split per sequence once a wave is full, and wave quantisation is weighed against split overhead.
+// Cost model, in units of "one CTA slot streaming one key": a CTA costs its keys plus a fixed overhead (query load,
+// pipeline fill, launch latency); CTAs run in waves of one per slot (two slots per SM for the few-row tile, whose
+// CTAs stream faster when alone on an SM); more than one split adds the combine pass over the fp32 partials (written
+// and read once, spread over all SMs) plus a second launch. The candidate with the lowest cost wins; ties go to fewer
+// splits. Small batches therefore spread one sequence over the whole GPU, large ones keep one split per sequence
+// once a wave is full, and wave quantisation is weighed against split overhead.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -23,8 +24,12 @@ constexpr int64_t kLargeRowSplitAlign = 64;
 // Balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 16-key tiles divide it): 16-key
 // cuts left a half-empty tile at most cuts (perf-notes v21).
 constexpr int kRangeCutAlign = 32;
-constexpr int kDeepBatch = 4;  // balanced splits: batches up to this size use one CTA per SM
+// Batches up to this size: one CTA per SM in balanced splits; the shape-only plan keeps the rule it was tuned with.
+constexpr int kDeepBatch = 4;
 constexpr double kCombineLaunchKeys = 32.0;
+// A few-row CTA alone on its SM (a grid of at most one CTA per SM, which the launcher runs with deeper prefetch)
+// streams its keys ~1.77x as fast as one of two sharing an SM (H200: ~27 against ~16 GB/s each, perf-notes v31).
+constexpr double kLoneCtaSpeedup = 1.77;
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -54,6 +59,9 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const double partial_keys_per_split = partial_weight * static_cast<double>(batch) * rows_per_seq * kHeadDim * 4.0 *
                                         2.0 / key_bytes / static_cast<double>(slots);
 
+  // Batches up to kDeepBatch keep the rule they were tuned with (their grids are mostly lone CTAs anyway).
+  const bool lone_ctas_faster = row_tile == kSmallRowTile && dtype != DType::kFloat32 && batch > kDeepBatch;
+
   const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, align), 8 * slots);
   double best_cost = std::numeric_limits<double>::infinity();
   int64_t best_len = round_up(capacity, align);
@@ -63,8 +71,11 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
     if (len == last_len) continue;
     last_len = len;
     const int64_t splits = ceil_div(capacity, len);
-    const int64_t waves = ceil_div(base_ctas * splits, slots);
-    double cost = static_cast<double>(waves) * (static_cast<double>(len) + overhead);
+    const int64_t ctas = base_ctas * splits;
+    const int64_t waves = ceil_div(ctas, slots);
+    const double stream =
+        lone_ctas_faster && ctas <= num_sms ? static_cast<double>(len) / kLoneCtaSpeedup : static_cast<double>(len);
+    double cost = static_cast<double>(waves) * (stream + overhead);
     if (splits > 1) cost += kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits);
     if (cost < best_cost) {
       best_cost = cost;
