@@ -27,8 +27,9 @@ constexpr int kRangeCutAlign = 32;
 // Batches up to this size: one CTA per SM in balanced splits; the shape-only plan keeps the rule it was tuned with.
 constexpr int kDeepBatch = 4;
 constexpr double kCombineLaunchKeys = 32.0;
-// A few-row CTA alone on its SM (a grid of at most one CTA per SM, which the launcher runs with deeper prefetch)
-// streams its keys ~1.77x as fast as one of two sharing an SM (H200: ~27 against ~16 GB/s each, perf-notes v31).
+// A few-row CTA alone on its SM (a grid of at most one CTA per SM, which the launcher runs with deeper prefetch on
+// Hopper) streams its keys ~1.77x as fast as one of two sharing an SM (H200: ~27 against ~16 GB/s each, perf-notes
+// v31).
 constexpr double kLoneCtaSpeedup = 1.77;
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -44,8 +45,8 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
   const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
   const int64_t align = row_tile == kLargeRowTile ? kLargeRowSplitAlign : kSplitAlign;
-  const int64_t slots =
-      static_cast<int64_t>(std::max(num_sms, 1)) * (dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile));
+  const int ctas_per_sm = dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile);
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
   const int64_t row_blocks = ceil_div(rows_per_seq, row_tile);
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_blocks;
   const double element_bytes = dtype == DType::kFloat32 ? 4.0 : 2.0;
@@ -59,8 +60,9 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const double partial_keys_per_split = partial_weight * static_cast<double>(batch) * rows_per_seq * kHeadDim * 4.0 *
                                         2.0 / key_bytes / static_cast<double>(slots);
 
-  // Batches up to kDeepBatch keep the rule they were tuned with (their grids are mostly lone CTAs anyway).
-  const bool lone_ctas_faster = row_tile == kSmallRowTile && dtype != DType::kFloat32 && batch > kDeepBatch;
+  // Where CTAs share SMs, one alone on its SM is faster; batches up to kDeepBatch keep the rule they were tuned with
+  // (their grids are mostly lone CTAs anyway).
+  const bool lone_ctas_faster = ctas_per_sm > 1 && batch > kDeepBatch;
 
   const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, align), 8 * slots);
   double best_cost = std::numeric_limits<double>::infinity();
