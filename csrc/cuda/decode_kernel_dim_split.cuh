@@ -143,10 +143,13 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
     named_barrier(1 + group, Cfg::kWarpsPerGroup * 32);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      float4 sum = partial[((group * Cfg::kWarpsPerGroup) * kNT + nt) * 32 + lane];
+      // A warp's own quarter is still in its registers (bitwise what it wrote): only the other three are read back.
+      const float4 own = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+      const float4* quarters = partial + (group * Cfg::kWarpsPerGroup * kNT + nt) * 32 + lane;
+      float4 sum = quarter == 0 ? own : quarters[0];
 #pragma unroll
       for (int q = 1; q < Cfg::kWarpsPerGroup; ++q) {  // fixed order: every warp gets bitwise the same scores
-        const float4 v = partial[((group * Cfg::kWarpsPerGroup + q) * kNT + nt) * 32 + lane];
+        const float4 v = quarter == q ? own : quarters[q * kNT * 32];
         sum.x += v.x;
         sum.y += v.y;
         sum.z += v.z;
