@@ -2,11 +2,12 @@
 // seq_lens, so the choice is the same at CUDA-graph capture and replay).
 //
 // Cost model, in units of "one CTA slot streaming one key": a CTA costs its keys plus a fixed overhead (query load,
-// pipeline fill, launch latency); CTAs run in waves of one per slot (two slots per SM for the few-row tile, whose
-// CTAs stream faster when alone on an SM); more than one split adds the combine pass over the fp32 partials (written
-// and read once, spread over all SMs) plus a second launch. The candidate with the lowest cost wins; ties go to fewer
-// splits. Small batches therefore spread one sequence over the whole GPU, large ones keep one split per sequence
-// once a wave is full, and wave quantisation is weighed against split overhead.
+// pipeline fill, launch latency); CTAs run in waves of one per slot (two slots per SM for the few-row tile); more than
+// one split adds the combine pass over the fp32 partials (written and read once, spread over all SMs) plus a second
+// launch. A few-row grid of at most one CTA per SM runs faster than the slot count says, so its costs are divided by
+// a measured speedup. The candidate with the lowest cost wins; ties go to fewer splits. Small batches therefore spread
+// one sequence over the whole GPU, large ones keep one split per sequence once a wave is full, and wave quantisation is
+// weighed against split overhead.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -17,20 +18,24 @@
 namespace mla::cuda {
 namespace {
 
-constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16
+constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16 (fp32's key tile)
 // Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
 // elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
 constexpr int64_t kLargeRowSplitAlign = 64;
-// Balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 16-key tiles divide it): 16-key
-// cuts left a half-empty tile at most cuts (perf-notes v21).
+// Splits and balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 16-key tiles divide
+// it): a split or cut of 16 mod 32 keys ends in a half-empty tile that costs a whole one (perf-notes v21, v32).
 constexpr int kRangeCutAlign = 32;
-// Batches up to this size: one CTA per SM in balanced splits; the shape-only plan keeps the rule it was tuned with.
+// Batches up to this size: one CTA per SM in balanced splits; see also lone_grid_divisors.
 constexpr int kDeepBatch = 4;
 constexpr double kCombineLaunchKeys = 32.0;
 // A few-row CTA alone on its SM (a grid of at most one CTA per SM, which the launcher runs with deeper prefetch on
 // Hopper) streams its keys ~1.77x as fast as one of two sharing an SM (H200: ~27 against ~16 GB/s each, perf-notes
-// v31).
+// v31). Which of a lone grid's costs it divides is fitted to H200 measurements (perf-notes v31, v32): see
+// lone_grid_divisors.
 constexpr double kLoneCtaSpeedup = 1.77;
+// From this many rows per sequence (8 and 16 heads measured) a lone grid's CTA overhead is cheaper too; with 1 head,
+// longer lone splits measured 2-10 % slower than shorter shared ones, so fewer rows keep v31's rule (perf-notes v32).
+constexpr int kLoneOverheadRows = 8;
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -39,12 +44,33 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// What a grid of at most one CTA per SM divides its costs by, where the tile otherwise puts two CTAs on an SM.
+struct LoneGridDivisors {
+  double stream = 1.0;
+  double overhead = 1.0;
+  double combine = 1.0;
+};
+LoneGridDivisors lone_grid_divisors(int batch, int rows_per_seq, int ctas_per_sm) {
+  LoneGridDivisors d;
+  if (ctas_per_sm <= 1) return d;
+  if (rows_per_seq >= kLoneOverheadRows) {
+    d.stream = d.overhead = kLoneCtaSpeedup;
+    // Short batches: the combine too; weighed in full it gave them too few splits (B = 1-2, perf-notes v32).
+    if (batch <= kDeepBatch) d.combine = kLoneCtaSpeedup;
+  } else if (batch > kDeepBatch) {
+    d.stream = kLoneCtaSpeedup;
+  }
+  return d;
+}
+
 }  // namespace
 
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90) {
   if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
   const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
-  const int64_t align = row_tile == kLargeRowTile ? kLargeRowSplitAlign : kSplitAlign;
+  const int64_t align = row_tile == kLargeRowTile  ? kLargeRowSplitAlign
+                        : dtype == DType::kFloat32 ? kSplitAlign
+                                                   : kRangeCutAlign;
   const int ctas_per_sm = dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile);
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
   const int64_t row_blocks = ceil_div(rows_per_seq, row_tile);
@@ -60,9 +86,7 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const double partial_keys_per_split = partial_weight * static_cast<double>(batch) * rows_per_seq * kHeadDim * 4.0 *
                                         2.0 / key_bytes / static_cast<double>(slots);
 
-  // Where CTAs share SMs, one alone on its SM is faster; batches up to kDeepBatch keep the rule they were tuned with
-  // (their grids are mostly lone CTAs anyway).
-  const bool lone_ctas_faster = ctas_per_sm > 1 && batch > kDeepBatch;
+  const LoneGridDivisors lone_divisors = lone_grid_divisors(batch, rows_per_seq, ctas_per_sm);
 
   const int64_t max_splits = std::min<int64_t>(ceil_div(capacity, align), 8 * slots);
   double best_cost = std::numeric_limits<double>::infinity();
@@ -75,10 +99,9 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
     const int64_t splits = ceil_div(capacity, len);
     const int64_t ctas = base_ctas * splits;
     const int64_t waves = ceil_div(ctas, slots);
-    const double stream =
-        lone_ctas_faster && ctas <= num_sms ? static_cast<double>(len) / kLoneCtaSpeedup : static_cast<double>(len);
-    double cost = static_cast<double>(waves) * (stream + overhead);
-    if (splits > 1) cost += kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits);
+    const LoneGridDivisors by = ctas <= num_sms ? lone_divisors : LoneGridDivisors{};
+    double cost = static_cast<double>(waves) * (static_cast<double>(len) / by.stream + overhead / by.overhead);
+    if (splits > 1) cost += (kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits)) / by.combine;
     if (cost < best_cost) {
       best_cost = cost;
       best_len = len;
