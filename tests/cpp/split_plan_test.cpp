@@ -26,6 +26,11 @@ bool is_16_bit(DType dtype) {
   return dtype != DType::kFloat32;
 }
 
+// CTAs of a few-row grid (one row block per sequence) at this split.
+int grid_ctas(int batch, int capacity, int split) {
+  return batch * ((capacity + split - 1) / split);
+}
+
 void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int sms) {
   const int plain = default_kv_len_per_split(batch, rows, capacity, sms, dtype, false);
   const int hopper = default_kv_len_per_split(batch, rows, capacity, sms, dtype, true);
@@ -99,17 +104,17 @@ int main() {
   // A few-row CTA alone on its SM streams faster than two sharing one: a short batch takes one CTA per SM rather than
   // twice the splits (B = 16, S = 1K: 128-key splits, 128 CTAs; 64-key ones measured 17 % slower on an H200).
   const int lone = default_kv_len_per_split(16, 16, 1024, 132, DType::kBFloat16, true);
-  check(16 * ((1024 + lone - 1) / lone) <= 132, "a short batch of few rows runs one CTA per SM", DType::kBFloat16, 16,
-        16, 1024, 132, true, lone);
+  check(grid_ctas(16, 1024, lone) <= 132, "a short batch of few rows runs one CTA per SM", DType::kBFloat16, 16, 16,
+        1024, 132, true, lone);
   // Also for the shortest batches, a lone grid wins where the alternative is two CTAs per SM (B = 4, S = 4K: 128-key
   // splits, 128 CTAs, measured 15-17 % faster on an H200 than 64-key ones, 256 CTAs).
   const int lone_short = default_kv_len_per_split(4, 16, 4096, 132, DType::kBFloat16, true);
-  check(4 * ((4096 + lone_short - 1) / lone_short) <= 132, "a batch of 4 few-row sequences runs one CTA per SM",
-        DType::kBFloat16, 4, 16, 4096, 132, true, lone_short);
+  check(grid_ctas(4, 4096, lone_short) <= 132, "a batch of 4 few-row sequences runs one CTA per SM", DType::kBFloat16,
+        4, 16, 4096, 132, true, lone_short);
   // With one head it does not: B = 4, H = 1, S = 16K measured 10 % slower in 512-key lone splits than in 256-key ones.
   const int one_head = default_kv_len_per_split(4, 1, 16384, 132, DType::kBFloat16, true);
-  check(4 * ((16384 + one_head - 1) / one_head) > 132, "one head keeps two CTAs per SM at B = 4, S = 16K",
-        DType::kBFloat16, 4, 1, 16384, 132, true, one_head);
+  check(grid_ctas(4, 16384, one_head) > 132, "one head keeps two CTAs per SM at B = 4, S = 16K", DType::kBFloat16, 4, 1,
+        16384, 132, true, one_head);
   std::printf("split planner rules: %s\n", failures == 0 ? "all hold" : "FAILED");
   return failures == 0 ? 0 : 1;
 }
