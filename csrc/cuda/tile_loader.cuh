@@ -46,12 +46,21 @@ __device__ __forceinline__ void load_query_block(const DecodeParams& p, const Ct
   }
 }
 
-// Copies KV tiles. Warp w owns rows w, w + kWarps, ... of a tile; lane i of the warp resolves the page of its
-// row i (one block_table read and one division per key, issued a pipeline step early so the read's latency hides
-// behind a tile of math) and broadcasts the row's offsets when the warp copies that row: 32 lanes x 16 bytes of
-// one row per instruction, coalesced, with no per-chunk index arithmetic. Invisible keys are zero-filled without
-// a global read, so NaN in unused slots never enters, and their `valid` byte is 0 for the masks.
-template <typename T, int kKeyTile, int kThreads>
+// A tile's page lookup, issued a pipeline step before its copy so the block_table read's latency hides behind a
+// tile of math. Whole-page tiles (every key in range, all on one page: every interior tile of a dense cache, and of
+// a paged one whose pages hold whole tiles) look their page up once: `key` is the tile's first key in every lane.
+// Other tiles look up each key: `key` is lane i's row warp + kWarps * i.
+struct PendingTile {
+  PendingKey key;
+  bool whole_page;  // the same in every thread of the CTA
+};
+
+// Copies KV tiles. Warp w owns rows w, w + kWarps, ... of a tile; 32 lanes x 16 bytes of one row per instruction,
+// coalesced. With kWholePageTiles, a whole-page tile's rows lie at one stride from the page's row, so each lane steps
+// its own pointers (no per-row exchange). Otherwise lane i resolves the page of its row i (one block_table read and one
+// division per key) and broadcasts the row's offsets when the warp copies that row. Invisible keys are zero-filled
+// without a global read, so NaN in unused slots never enters, and their `valid` byte is 0 for the masks.
+template <typename T, int kKeyTile, int kThreads, bool kWholePageTiles>
 struct KvTileCopier {
   using L = RowLayout<T>;
   static constexpr int kWarps = kThreads / 32;
@@ -59,17 +68,32 @@ struct KvTileCopier {
   static_assert(kKeyTile % kWarps == 0 && kRowsPerWarp <= 32, "rows of a tile split evenly over warps");
   static_assert(L::kPeChunks <= 32, "one rotary chunk per lane");
 
-  __device__ static __forceinline__ PendingKey fetch(const DecodeParams& p, const CtaWork& w, int tile_begin) {
+  __device__ static __forceinline__ PendingTile fetch(const DecodeParams& p, const CtaWork& w, int tile_begin) {
+    if (kWholePageTiles && tile_begin + kKeyTile <= w.key_end) {  // every key in range (tile_begin >= key_begin)
+      if (p.block_table == nullptr) return PendingTile{{w.batch_index, tile_begin, true}, true};
+      const int page_in_seq = tile_begin / p.page_size;
+      const int offset = tile_begin - page_in_seq * p.page_size;
+      if (offset + kKeyTile <= p.page_size) {
+        const int raw_page =
+            p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+        return PendingTile{{raw_page, offset, true}, true};
+      }
+    }
     const int lane = threadIdx.x & 31;
     const int row = static_cast<int>(threadIdx.x >> 5) + kWarps * lane;
-    return fetch_key(p, w, lane < kRowsPerWarp ? tile_begin + row : -1);
+    return PendingTile{fetch_key(p, w, lane < kRowsPerWarp ? tile_begin + row : -1), false};
   }
 
-  __device__ static __forceinline__ void issue(const DecodeParams& p, const PendingKey& key, uint8_t* kv_smem,
+  __device__ static __forceinline__ void issue(const DecodeParams& p, const PendingTile& tile, uint8_t* kv_smem,
                                                uint8_t* valid) {
+    const KeySlot slot = resolve_key(p, tile.key);
+    if (tile.whole_page && slot.page >= 0) {
+      issue_whole_page(p, slot, kv_smem, valid);
+      return;
+    }
+    // A whole-page tile on an invalid page lands here too: every lane holds the page, so every row is zero-filled.
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const KeySlot slot = resolve_key(p, key);
     const bool ok = slot.page >= 0;
     const int64_t kv_off = ok ? slot.page * p.kv_page_stride + slot.offset * p.kv_row_stride : 0;
     const int64_t pe_off = ok ? slot.page * p.k_pe_page_stride + slot.offset * p.k_pe_row_stride : 0;
@@ -90,20 +114,45 @@ struct KvTileCopier {
       if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe + row_pe, bytes);
     }
   }
+
+  // Rows slot.offset + row of page slot.page, all visible.
+  __device__ static __forceinline__ void issue_whole_page(const DecodeParams& p, const KeySlot& slot, uint8_t* kv_smem,
+                                                          uint8_t* valid) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane < kRowsPerWarp) valid[warp + kWarps * lane] = 1;
+    const int64_t first_row = slot.offset + warp;
+    const T* kv = static_cast<const T*>(p.kv) + slot.page * p.kv_page_stride + first_row * p.kv_row_stride +
+                  lane * L::kElemsPerChunk;
+    const T* k_pe = static_cast<const T*>(p.k_pe) + slot.page * p.k_pe_page_stride + first_row * p.k_pe_row_stride +
+                    lane * L::kElemsPerChunk;
+    const int64_t kv_step = kWarps * p.kv_row_stride;
+    const int64_t pe_step = kWarps * p.k_pe_row_stride;
+    const uint32_t base = smem_u32(kv_smem);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int row = warp + kWarps * i;
+#pragma unroll
+      for (int c = 0; c < L::kKvChunks; c += 32) {
+        cp_async_16(base + L::offset(row, c + lane), kv + i * kv_step + c * L::kElemsPerChunk, 16);
+      }
+      if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe + i * pe_step, 16);
+    }
+  }
 };
 
 // The cp.async pipeline over a CTA's KV tiles: kStages shared-memory stages, each with a `valid` byte per key.
 // The page lookups of tile t + 1 are in flight while tile t is issued; the query block rides in the first commit
 // group with tile 0. A stage and its valid bytes are rewritten only after the barrier that ends their last use.
-template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads>
+template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads, bool kWholePageTiles = true>
 struct KvPipeline {
-  using Copier = KvTileCopier<T, kKeyTile, kThreads>;
+  using Copier = KvTileCopier<T, kKeyTile, kThreads, kWholePageTiles>;
   static constexpr int kStageBytes = kKeyTile * RowLayout<T>::kBytes;
   static constexpr int kValidBytes = (kStages * kKeyTile + 15) / 16 * 16;  // shared memory for the valid bytes
 
   uint8_t* kv_smem;  // [kStages][kKeyTile][576] of T, swizzled rows
   uint8_t* valid;    // [kStages][kKeyTile]: 1 where the key was loaded (visible for load purposes)
-  PendingKey pending;
+  PendingTile pending;
 
   __device__ __forceinline__ void start(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
     if (w.num_tiles == 0) return;
