@@ -1,8 +1,8 @@
 """The few-rows CUDA kernel (H * S_q <= 16, fp16/bf16) in its one-CTA-per-SM configuration, which Hopper runs
-when the grid leaves SMs free (every call below: at most a few dozen CTAs; elsewhere the kernel's other
-configurations run the same cases): deep prefetch over 32-key tiles. Tile counts per CTA from 0 to 32, partial last
-tiles, hidden pages at even and odd tiles, a split or sequence that sees no key, causal S_q = 2; caches are
-poisoned beyond every sequence's length."""
+when the grid leaves SMs free (every call below but the wide-grid one: at most a few dozen CTAs; elsewhere the
+kernel's other configurations run the same cases): deep prefetch over 32-key tiles. Tile counts per CTA from 0 to
+32, partial last tiles, hidden pages at even and odd tiles, a split or sequence that sees no key, causal S_q = 2;
+caches are poisoned beyond every sequence's length."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ def test_hidden_pages(dtype, split, gen):
     for b, page in [(0, 0), (0, 1), (0, 4), (0, 9), (0, 19), (1, 1), (1, 3), (2, 0), (2, 1)]:
         problem.block_table[b, page] = -1
     check(problem, dtype, "hidden pages", kv_len_per_split=split)
+
+
+@requires_cuda
+@pytest.mark.parametrize("split", [32, 64], ids=["split32", "split64"])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_hidden_pages_wide_grid(dtype, split, gen):
+    """The hidden pages above in a grid too wide for one CTA per SM (12 more sequences: 165 or more CTAs), where
+    the kernel copies a tile that lies on one page with one lookup: a hidden page's tile must still arrive
+    zero-filled and invisible."""
+    lens = [640, 130, 64] + [640] * 12
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=16, page_size=32)
+    for b, page in [(0, 0), (0, 1), (0, 4), (0, 9), (0, 19), (1, 1), (1, 3), (2, 0), (2, 1), (14, 7)]:
+        problem.block_table[b, page] = -1
+    check(problem, dtype, "hidden pages, wide grid", kv_len_per_split=split)
 
 
 @requires_cuda

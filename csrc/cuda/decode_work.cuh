@@ -161,6 +161,11 @@ struct KeySlot {
   int offset;
 };
 
+// The block_table entry of page `page_in_seq` of sequence `batch_index` (paged caches only).
+__device__ __forceinline__ int block_table_entry(const DecodeParams& p, int batch_index, int page_in_seq) {
+  return p.block_table[static_cast<int64_t>(batch_index) * p.block_table_batch_stride + page_in_seq];
+}
+
 // A key's page lookup in two halves: fetch_key issues the block_table read, resolve_key checks its value later.
 struct PendingKey {
   int raw_page;  // block_table entry (dense: the sequence index)
@@ -177,7 +182,7 @@ __device__ __forceinline__ PendingKey fetch_key(const DecodeParams& p, const Cta
   } else if (k.in_range) {
     const int page_in_seq = key / p.page_size;  // key < capacity, so page_size >= 1 here
     k.offset = key - page_in_seq * p.page_size;
-    k.raw_page = p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+    k.raw_page = block_table_entry(p, w.batch_index, page_in_seq);
   }
   return k;
 }

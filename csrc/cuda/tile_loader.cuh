@@ -74,9 +74,7 @@ struct KvTileCopier {
       const int page_in_seq = tile_begin / p.page_size;
       const int offset = tile_begin - page_in_seq * p.page_size;
       if (offset + kKeyTile <= p.page_size) {
-        const int raw_page =
-            p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
-        return PendingTile{{raw_page, offset, true}, true};
+        return PendingTile{{block_table_entry(p, w.batch_index, page_in_seq), offset, true}, true};
       }
     }
     const int lane = threadIdx.x & 31;

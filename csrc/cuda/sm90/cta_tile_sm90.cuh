@@ -80,9 +80,7 @@ struct Sm90Tile {
 __device__ __forceinline__ int tile_page(const DecodeParams& p, const CtaWork& w, int key0, int& row_in_page) {
   const int page_in_seq = key0 / p.page_size;
   row_in_page = key0 - page_in_seq * p.page_size;
-  const int page = p.block_table == nullptr
-                       ? w.batch_index
-                       : p.block_table[static_cast<int64_t>(w.batch_index) * p.block_table_batch_stride + page_in_seq];
+  const int page = p.block_table == nullptr ? w.batch_index : block_table_entry(p, w.batch_index, page_in_seq);
   return page >= 0 && page < p.num_pages ? page : -1;
 }
 
