@@ -25,7 +25,7 @@
 
 namespace mla::cuda {
 
-template <typename T, int kRowGroups_, int kKeyTile_, int kStages_, bool kSm90Only_, bool kWholePageTiles_ = true>
+template <typename T, int kRowGroups_, int kKeyTile_, int kStages_, bool kSm90Only_>
 struct DimSplitTile {
   using Element = T;
   static constexpr int kRowGroups = kRowGroups_;
@@ -36,7 +36,6 @@ struct DimSplitTile {
   static constexpr int kKeyTile = kKeyTile_;
   static constexpr int kStages = kStages_;
   static constexpr bool kSm90Only = kSm90Only_;
-  static constexpr bool kWholePageTiles = kWholePageTiles_;  // see KvTileCopier
   static constexpr bool kWalksRanges = true;  // balanced splits: walks ranges (several sequences per CTA)
 
   static constexpr int kKSteps = (kHeadDim + kRopeDim) / 16;    // 36
@@ -86,7 +85,7 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
     row_limit[half] = r < w.rows ? row_key_limit(p, w.seq_len, r) : 0;
   }
 
-  KvPipeline<T, Cfg::kRowTile, Cfg::kKeyTile, Cfg::kStages, Cfg::kThreads, Cfg::kWholePageTiles> pipe{
+  KvPipeline<T, Cfg::kRowTile, Cfg::kKeyTile, Cfg::kStages, Cfg::kThreads> pipe{
       smem + Cfg::kKvOffset, smem + Cfg::kValidOffset, {}};
   pipe.start(p, w, q_smem);
 

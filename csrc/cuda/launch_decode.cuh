@@ -32,14 +32,12 @@ namespace mla::cuda {
 // memory; "Sm80" ones fit an A100 (163 KB); "Compact" ones fit the 99 KB of sm_86 / sm_89.
 template <typename T>
 struct TensorCoreConfigs {
-  //                                   row groups, keys, stages, sm90-only, whole-page tiles
+  //                                   row groups, keys, stages, sm90-only
   using FewRowsSm90 = DimSplitTile<T, 1, 32, 2, false>;  // H * S_q <= 16; two CTAs per Hopper SM
-  // At most one CTA per SM, 3 tiles in flight each. The lone CTAs keep the per-key copy path: whole-page tiles made
-  // short ones (4 tiles) 10 % slower and long ones 2 % (docs/perf-notes.md, v33).
-  using FewRowsDeep = DimSplitTile<T, 1, 32, 4, true, false>;
+  using FewRowsDeep = DimSplitTile<T, 1, 32, 4, true>;   // at most one CTA per SM: 3 tiles in flight each
   using FewRowsSm80 = DimSplitTile<T, 1, 32, 3, false>;
   using FewRowsCompact = FewRowsSm90;
-  using MidRowsSm90 = DimSplitTile<T, 2, 32, 4, true, false>;  // H * S_q <= 32; one CTA per SM, as FewRowsDeep
+  using MidRowsSm90 = DimSplitTile<T, 2, 32, 4, true>;  // H * S_q <= 32
   using MidRowsSm80 = DimSplitTile<T, 2, 32, 2, false>;
   //                                   rows, warp rows, warps along keys/columns, keys, stages, sm90-only
   using ManyRowsSm90 = KeySplitTile<T, 64, 32, 4, 64, 2, true>;
@@ -69,10 +67,9 @@ struct Tf32Configs {
 // The kernel that runs a configuration.
 template <class Cfg>
 struct KernelOf;
-template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only, bool kWholePageTiles>
-struct KernelOf<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only, kWholePageTiles>> {
-  static constexpr auto kernel =
-      decode_dim_split_kernel<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only, kWholePageTiles>>;
+template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
+struct KernelOf<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>> {
+  static constexpr auto kernel = decode_dim_split_kernel<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>>;
 };
 template <typename T, int kRowTile, int kWarpRows, int kWarpsN, int kKeyTile, int kStages, bool kSm90Only>
 struct KernelOf<KeySplitTile<T, kRowTile, kWarpRows, kWarpsN, kKeyTile, kStages, kSm90Only>> {

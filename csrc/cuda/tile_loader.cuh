@@ -56,11 +56,11 @@ struct PendingTile {
 };
 
 // Copies KV tiles. Warp w owns rows w, w + kWarps, ... of a tile; 32 lanes x 16 bytes of one row per instruction,
-// coalesced. With kWholePageTiles, a whole-page tile's rows lie at one stride from the page's row, so each lane steps
-// its own pointers (no per-row exchange). Otherwise lane i resolves the page of its row i (one block_table read and one
-// division per key) and broadcasts the row's offsets when the warp copies that row. Invisible keys are zero-filled
+// coalesced. A whole-page tile's rows lie at one stride from the page's row, so each lane steps its own pointers (no
+// per-row exchange). Other tiles take the per-key path: lane i resolves the page of its row i (one block_table read and
+// one division per key) and broadcasts the row's offsets when the warp copies that row. Invisible keys are zero-filled
 // without a global read, so NaN in unused slots never enters, and their `valid` byte is 0 for the masks.
-template <typename T, int kKeyTile, int kThreads, bool kWholePageTiles>
+template <typename T, int kKeyTile, int kThreads>
 struct KvTileCopier {
   using L = RowLayout<T>;
   static constexpr int kWarps = kThreads / 32;
@@ -68,8 +68,9 @@ struct KvTileCopier {
   static_assert(kKeyTile % kWarps == 0 && kRowsPerWarp <= 32, "rows of a tile split evenly over warps");
   static_assert(L::kPeChunks <= 32, "one rotary chunk per lane");
 
+  // The tile's page lookups, whole-page where every key is in range and on one page.
   __device__ static __forceinline__ PendingTile fetch(const DecodeParams& p, const CtaWork& w, int tile_begin) {
-    if (kWholePageTiles && tile_begin + kKeyTile <= w.key_end) {  // every key in range (tile_begin >= key_begin)
+    if (tile_begin + kKeyTile <= w.key_end) {  // every key in range (tile_begin >= key_begin)
       if (p.block_table == nullptr) return PendingTile{{w.batch_index, tile_begin, true}, true};
       const int page_in_seq = tile_begin / p.page_size;
       const int offset = tile_begin - page_in_seq * p.page_size;
@@ -77,6 +78,10 @@ struct KvTileCopier {
         return PendingTile{{block_table_entry(p, w.batch_index, page_in_seq), offset, true}, true};
       }
     }
+    return fetch_per_key(p, w, tile_begin);
+  }
+
+  __device__ static __forceinline__ PendingTile fetch_per_key(const DecodeParams& p, const CtaWork& w, int tile_begin) {
     const int lane = threadIdx.x & 31;
     const int row = static_cast<int>(threadIdx.x >> 5) + kWarps * lane;
     return PendingTile{fetch_key(p, w, lane < kRowsPerWarp ? tile_begin + row : -1), false};
@@ -142,9 +147,11 @@ struct KvTileCopier {
 // The cp.async pipeline over a CTA's KV tiles: kStages shared-memory stages, each with a `valid` byte per key.
 // The page lookups of tile t + 1 are in flight while tile t is issued; the query block rides in the first commit
 // group with tile 0. A stage and its valid bytes are rewritten only after the barrier that ends their last use.
-template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads, bool kWholePageTiles = true>
+// The start's kStages - 1 tiles take the per-key path: whole-page ones there made the lone few-row CTAs of 4 tiles
+// 10 % slower (docs/perf-notes.md, v33, v34).
+template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads>
 struct KvPipeline {
-  using Copier = KvTileCopier<T, kKeyTile, kThreads, kWholePageTiles>;
+  using Copier = KvTileCopier<T, kKeyTile, kThreads>;
   static constexpr int kStageBytes = kKeyTile * RowLayout<T>::kBytes;
   static constexpr int kValidBytes = (kStages * kKeyTile + 15) / 16 * 16;  // shared memory for the valid bytes
 
@@ -158,7 +165,7 @@ struct KvPipeline {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < w.num_tiles) {
-        Copier::issue(p, Copier::fetch(p, w, w.key_begin + s * kKeyTile), kv_smem + s * kStageBytes,
+        Copier::issue(p, Copier::fetch_per_key(p, w, w.key_begin + s * kKeyTile), kv_smem + s * kStageBytes,
                       valid + s * kKeyTile);
       }
       cp_async_commit();
