@@ -46,9 +46,9 @@ def test_hidden_pages(dtype, split, gen):
 @pytest.mark.parametrize("split", [32, 64], ids=["split32", "split64"])
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_hidden_pages_wide_grid(dtype, split, gen):
-    """The hidden pages above in a grid too wide for one CTA per SM (12 more sequences: 165 or more CTAs), where
-    the kernel copies a tile that lies on one page with one lookup: a hidden page's tile must still arrive
-    zero-filled and invisible."""
+    """The hidden pages above in a grid too wide for one CTA per SM (12 more sequences: 134 or more CTAs, two per SM).
+    With 64-key splits each CTA's second tile lies on one page and is copied with one lookup (the first, the
+    pipeline's start, goes key by key): a hidden page's tile must still arrive zero-filled and invisible."""
     lens = [640, 130, 64] + [640] * 12
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=16, page_size=32)
     for b, page in [(0, 0), (0, 1), (0, 4), (0, 9), (0, 19), (1, 1), (1, 3), (2, 0), (2, 1), (14, 7)]:
