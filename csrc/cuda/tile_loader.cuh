@@ -106,15 +106,10 @@ struct KvTileCopier {
     const uint32_t base = smem_u32(kv_smem);
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int row = warp + kWarps * i;
       const int64_t row_kv = __shfl_sync(0xffffffffu, kv_off, i);
       const int64_t row_pe = __shfl_sync(0xffffffffu, pe_off, i);
       const int bytes = __shfl_sync(0xffffffffu, ok ? 16 : 0, i);
-#pragma unroll
-      for (int c = 0; c < L::kKvChunks; c += 32) {
-        cp_async_16(base + L::offset(row, c + lane), kv + row_kv + c * L::kElemsPerChunk, bytes);
-      }
-      if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe + row_pe, bytes);
+      copy_row(base, warp + kWarps * i, kv + row_kv, k_pe + row_pe, bytes);
     }
   }
 
@@ -133,14 +128,17 @@ struct KvTileCopier {
     const int64_t pe_step = kWarps * p.k_pe_row_stride;
     const uint32_t base = smem_u32(kv_smem);
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int row = warp + kWarps * i;
+    for (int i = 0; i < kRowsPerWarp; ++i) copy_row(base, warp + kWarps * i, kv + i * kv_step, k_pe + i * pe_step, 16);
+  }
+
+  // Tile row `row` from this lane's chunks of one key's latent and rotary parts (`bytes` 0: zero-filled).
+  __device__ static __forceinline__ void copy_row(uint32_t base, int row, const T* kv, const T* k_pe, int bytes) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-      for (int c = 0; c < L::kKvChunks; c += 32) {
-        cp_async_16(base + L::offset(row, c + lane), kv + i * kv_step + c * L::kElemsPerChunk, 16);
-      }
-      if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe + i * pe_step, 16);
+    for (int c = 0; c < L::kKvChunks; c += 32) {
+      cp_async_16(base + L::offset(row, c + lane), kv + c * L::kElemsPerChunk, bytes);
     }
+    if (lane < L::kPeChunks) cp_async_16(base + L::offset(row, L::kKvChunks + lane), k_pe, bytes);
   }
 };
 
