@@ -3,6 +3,7 @@ head-parallel slices gathered over heads, both equal one decode of the whole cac
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -17,6 +18,13 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "context_parallel.py"
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
 )
+
+
+def package_parent():
+    """The folder the mla_ext this process would import lives in: the script runs with scripts/ first on its path,
+    so an in-place build (found here through the working directory) must be named to the child explicitly."""
+    spec = importlib.util.find_spec("mla_ext")
+    return str(Path(spec.origin).resolve().parents[1]) if spec and spec.origin else ""
 
 
 def free_port():
@@ -40,8 +48,10 @@ def test_context_parallel_script_on_cpu(ranks, extra):
         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d",
         str(SCRIPT), "--device", "cpu", "--repeats", "2", "--warmup", "1", *extra,
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=SCRIPT.parents[1])
+    python_path = os.pathsep.join(p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
+    # Generous: under a parallel test run on a busy machine the two ranks' start-up alone can take a minute.
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=SCRIPT.parents[1])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "PASS" in result.stdout and "FAIL" not in result.stdout, output[-4000:]
