@@ -50,7 +50,7 @@ def test_context_parallel_script_on_cpu(ranks, extra):
     ]  # fmt: skip
     python_path = os.pathsep.join(p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
-    # Generous: under a parallel test run on a busy machine the two ranks' start-up alone can take a minute.
+    # Generous: the three cases take ~30 s alone, but one ran past 120 s beside 16 other test workers.
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=SCRIPT.parents[1])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
