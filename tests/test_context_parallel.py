@@ -3,7 +3,6 @@ head-parallel slices gathered over heads, both equal one decode of the whole cac
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -13,18 +12,16 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+import mla_ext
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "context_parallel.py"
+# The ranks run the script with scripts/ first on their path, so an in-place build (found here through the working
+# directory) is named to them through PYTHONPATH: the folder holding the mla_ext this process imported.
+PACKAGE_PARENT = str(Path(mla_ext.__file__).resolve().parents[1])
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
 )
-
-
-def package_parent():
-    """The folder the mla_ext this process would import lives in: the script runs with scripts/ first on its path,
-    so an in-place build (found here through the working directory) must be named to the child explicitly."""
-    spec = importlib.util.find_spec("mla_ext")
-    return str(Path(spec.origin).resolve().parents[1]) if spec and spec.origin else ""
 
 
 def free_port():
@@ -48,7 +45,7 @@ def test_context_parallel_script_on_cpu(ranks, extra):
         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d",
         str(SCRIPT), "--device", "cpu", "--repeats", "2", "--warmup", "1", *extra,
     ]  # fmt: skip
-    python_path = os.pathsep.join(p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
+    python_path = os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
     # Generous: the three cases take ~30 s alone, but one ran past 120 s beside 16 other test workers.
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=SCRIPT.parents[1])
