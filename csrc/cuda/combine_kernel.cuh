@@ -204,6 +204,81 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
   combine_unit<T>(p, u, group, groups, warp_slot, lane, part_acc, part_sum);
 }
 
+constexpr int kRowCombineWarps = 4;   // rows per CTA of combine_rows_kernel
+constexpr int kRowCombineSplits = 4;  // the most splits it merges: one batch of copies, 2 KB each
+
+// The combine of a fixed split into at most kRowCombineSplits pieces: one warp per whole 512-column row, lane i
+// holding columns 4i + 128j (j < 4) and split i's lse. The maximum, the weights and their sum take one load and two
+// shuffle trees per row instead of one per 128-column unit, and the indexing is spread over 4x the data:
+// combine_splits_kernel spent its time issuing instructions, not waiting on L2 (perf-notes v37). The values come
+// through shared memory by cp.async, so every split is in flight at once: loaded into registers, ptxas issued them
+// one split at a time, reusing the registers (perf-notes v38). blockDim = 32 * kRowCombineWarps.
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowCombineWarps) combine_rows_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ __align__(16) float staged[kRowCombineWarps][kRowCombineSplits][kHeadDim];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int rows = p.seqlen_q * p.num_heads;
+  const int64_t row_global = static_cast<int64_t>(blockIdx.x) * kRowCombineWarps + warp;  // b * rows + r
+  wait_for_previous_grid();  // the partials come from the main kernel, which may still be finishing
+  allow_next_grid_launch();
+  if (row_global >= static_cast<int64_t>(p.batch) * rows) return;  // the last CTA may overhang
+  const int num_splits = p.num_splits;
+  const float* lse_row = p.lse_partial + row_global * num_splits;
+
+  const float l = lane < num_splits ? lse_row[lane] : kNegInf;
+  float m = l;
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+
+  float4 acc[kCombineChunks] = {};
+  float weight_sum = 0.f;
+  if (m != kNegInf) {  // the same for the whole warp
+    // Split `lane`'s weight: 0 for an empty split and past the last.
+    const float w = l != kNegInf ? expf(l - m) : 0.f;
+    const unsigned used = __ballot_sync(0xffffffffu, l != kNegInf);
+    const float* values = p.out_partial + row_global * num_splits * kHeadDim + lane * 4;
+#pragma unroll
+    for (int s = 0; s < kRowCombineSplits; ++s) {
+      // An empty split's values were never written, nor is there a split past the last: zero-filled, not read.
+      const int bytes = ((used >> s) & 1u) ? 16 : 0;
+#pragma unroll
+      for (int j = 0; j < kCombineChunks; ++j) {
+        cp_async_16(smem_u32(&staged[warp][s][j * kCombineColumns + lane * 4]),
+                    values + (bytes ? s : 0) * kHeadDim + j * kCombineColumns, bytes);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    // Each lane reads back only the columns it copied, so no barrier is needed between the copy and the reads.
+#pragma unroll
+    for (int s = 0; s < kRowCombineSplits; ++s) {
+      const float ws = __shfl_sync(0xffffffffu, w, s);
+#pragma unroll
+      for (int j = 0; j < kCombineChunks; ++j) {
+        const float4 v = *reinterpret_cast<const float4*>(&staged[warp][s][j * kCombineColumns + lane * 4]);
+        acc[j].x += ws * v.x;
+        acc[j].y += ws * v.y;
+        acc[j].z += ws * v.z;
+        acc[j].w += ws * v.w;
+      }
+    }
+    weight_sum = w;
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+  }
+  const bool seen = !(weight_sum == 0.f);
+  const float inv = seen ? 1.f / weight_sum : 0.f;
+  const int b = static_cast<int>(row_global / rows);
+  const int r = static_cast<int>(row_global - static_cast<int64_t>(b) * rows);
+  T* out = static_cast<T*>(p.out) + out_row_offset(p, b, r) + lane * 4;
+#pragma unroll
+  for (int j = 0; j < kCombineChunks; ++j) {
+    store4<T>(out + j * kCombineColumns, acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv);
+  }
+  if (lane == 0) p.lse[lse_row_offset(p, b, r)] = seen ? m + logf(weight_sum) : kNegInf;
+}
+
 // CTA-sized chunks (kCombineMaxWarps warps) of a sequence's units with `groups` warps each.
 __device__ __forceinline__ int chunks_of_sequence(int units_per_sequence, int groups) {
   return (units_per_sequence * groups + kCombineMaxWarps - 1) / kCombineMaxWarps;

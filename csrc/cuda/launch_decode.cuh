@@ -127,6 +127,17 @@ template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   const int64_t units = p.batch * rows * kCombineChunks;
+  // A fixed split of at most kRowCombineSplits pieces: a warp per whole row, all its splits in one round trip
+  // (perf-notes v38). From 5 pieces on a warp per row would need a second round trip where the unit kernel below
+  // needs one up to 8, and balanced calls keep the unit kernels too: a ragged batch may give one sequence most of the
+  // pieces, and one warp per row keeps half the bytes in flight per row that the unit kernels do.
+  if (p.balanced_target == 0 && p.num_splits <= kRowCombineSplits) {
+    const int64_t row_ctas = (p.batch * rows + kRowCombineWarps - 1) / kRowCombineWarps;
+    if (row_ctas > INT_MAX) throw std::runtime_error("mla decode: too many query rows for one combine launch");
+    launch_overlapped(combine_rows_kernel<T>, dim3(static_cast<unsigned>(row_ctas)), dim3(32 * kRowCombineWarps), 0,
+                      stream, overlap, p, "mla decode split-combine kernel launch");
+    return;
+  }
   // Balanced calls: warps per unit follow each sequence's split count on the device; the CTAs stride over the
   // sequences' chunks, two resident per SM (512 threads of 64 registers). Up to 32 sequences, one lane each
   // (perf-notes v18). More sequences when the many-row kernels' work items split them (balanced_seq_cost == 0): that
