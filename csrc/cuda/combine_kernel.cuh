@@ -24,6 +24,19 @@ __device__ __forceinline__ float max_keep_nan(float a, float b) {
   return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 }
 
+// The warp's maximum (keeping NaN) and sum, in every lane.
+__device__ __forceinline__ float warp_max_keep_nan(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+template <typename V>
+__device__ __forceinline__ V warp_sum(V v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 template <typename T>
 __device__ __forceinline__ void store4(T* dst, float a, float b, float c, float d) {
   if constexpr (sizeof(T) == 4) {
@@ -115,8 +128,7 @@ __device__ __forceinline__ void combine_unit(const DecodeParams& p, const Combin
       for (int i = 0; i < kLoads; ++i) m = max_keep_nan(m, l[i]);
     }
   }
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+  m = warp_max_keep_nan(m);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
@@ -227,9 +239,7 @@ __global__ void __launch_bounds__(32 * kRowCombineWarps) combine_rows_kernel(con
   const float* lse_row = p.lse_partial + row_global * num_splits;
 
   const float l = lane < num_splits ? lse_row[lane] : kNegInf;
-  float m = l;
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float m = warp_max_keep_nan(l);
 
   float4 acc[kCombineChunks] = {};
   float weight_sum = 0.f;
@@ -263,9 +273,7 @@ __global__ void __launch_bounds__(32 * kRowCombineWarps) combine_rows_kernel(con
         acc[j].w += ws * v.w;
       }
     }
-    weight_sum = w;
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+    weight_sum = warp_sum(w);
   }
   const bool seen = !(weight_sum == 0.f);
   const float inv = seen ? 1.f / weight_sum : 0.f;
@@ -322,12 +330,8 @@ struct NarrowBatchLayout {
   __device__ __forceinline__ NarrowBatchLayout(const DecodeParams& p, int units_per_sequence) {
     const int lane = threadIdx.x;
     const int own = lane < p.batch ? sequence_warps(p, lane) : 0;
-    const int doublings = doublings_that_fit(units_per_sequence, [&](int k) {
-      int sum = doubled(own, k);
-#pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      return static_cast<int64_t>(sum);
-    });
+    const int doublings =
+        doublings_that_fit(units_per_sequence, [&](int k) { return static_cast<int64_t>(warp_sum(doubled(own, k))); });
     warps = doubled(own, doublings);
     end = warp_inclusive_sum(chunks_of_sequence(units_per_sequence, warps));
     total_chunks = __shfl_sync(0xffffffffu, end, 31);
@@ -368,8 +372,7 @@ struct WideBatchLayout {
     }
 #pragma unroll
     for (int k = 0; k <= kCombineDoublings; ++k) {
-#pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) warps[k] += __shfl_xor_sync(0xffffffffu, warps[k], off);
+      warps[k] = warp_sum(warps[k]);
       if (lane == 0) sh.warp_warps[warp][k] = warps[k];
     }
     __syncthreads();

@@ -126,7 +126,6 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  const int64_t units = p.batch * rows * kCombineChunks;
   // A fixed split of at most kRowCombineSplits pieces: a warp per whole row, all its splits in one round trip
   // (perf-notes v38). From 5 pieces on a warp per row would need a second round trip where the unit kernel below
   // needs one up to 8, and balanced calls keep the unit kernels too: a ragged batch may give one sequence most of the
@@ -138,6 +137,7 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
                       stream, overlap, p, "mla decode split-combine kernel launch");
     return;
   }
+  const int64_t units = p.batch * rows * kCombineChunks;
   // Balanced calls: warps per unit follow each sequence's split count on the device; the CTAs stride over the
   // sequences' chunks, two resident per SM (512 threads of 64 registers). Up to 32 sequences, one lane each
   // (perf-notes v18). More sequences when the many-row kernels' work items split them (balanced_seq_cost == 0): that
