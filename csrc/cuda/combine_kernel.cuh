@@ -216,69 +216,104 @@ __global__ void __launch_bounds__(32 * kCombineMaxWarps, 2)
   combine_unit<T>(p, u, group, groups, warp_slot, lane, part_acc, part_sum);
 }
 
-constexpr int kRowCombineWarps = 4;   // rows per CTA of combine_rows_kernel
-constexpr int kRowCombineSplits = 4;  // the most splits it merges: one batch of copies, 2 KB each
+// combine_rows_kernel's rows per CTA and splits per batch of copies (2 KB each), 32 KB of shared memory per CTA either
+// way. Balanced calls take twice the splits per batch: a long sequence's row then keeps 16 KB in flight, as the unit
+// kernel's four warps per row do.
+template <bool kBalanced>
+struct RowCombineShape {
+  static constexpr int kWarps = kBalanced ? 2 : 4;
+  static constexpr int kSplits = kBalanced ? 8 : 4;
+};
+constexpr int kRowCombineSplits = RowCombineShape<false>::kSplits;  // the most pieces of a fixed split it merges
 
-// The combine of a fixed split into at most kRowCombineSplits pieces: one warp per whole 512-column row, lane i
-// holding columns 4i + 128j (j < 4) and split i's lse. The maximum, the weights and their sum take one load and two
-// shuffle trees per row instead of one per 128-column unit, and the indexing is spread over 4x the data:
-// combine_splits_kernel spent its time issuing instructions, not waiting on L2 (perf-notes v37). The values come
-// through shared memory by cp.async, so every split is in flight at once: loaded into registers, ptxas issued them
-// one split at a time, reusing the registers (perf-notes v38). blockDim = 32 * kRowCombineWarps.
-template <typename T>
-__global__ void __launch_bounds__(32 * kRowCombineWarps) combine_rows_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ __align__(16) float staged[kRowCombineWarps][kRowCombineSplits][kHeadDim];
+// The combine one warp per whole 512-column row, lane i holding columns 4i + 128j (j < 4) and split i's lse. The
+// maximum, the weights and their sum take one load and two shuffle trees per row instead of one per 128-column unit,
+// and the indexing is spread over 4x the data: combine_splits_kernel spent its time issuing instructions, not waiting
+// on L2 (perf-notes v37). The values come through shared memory by cp.async, so a batch's splits are in flight at
+// once: loaded into registers, ptxas issued them one split at a time, reusing the registers (perf-notes v38).
+// kBalanced = false: a fixed split of at most kRowCombineSplits pieces, one batch. kBalanced = true: a balanced call,
+// sequence b's pieces at split_table's slots (any count, in batches; 0 or 1 piece: the main kernel wrote the row).
+// blockDim = 32 * RowCombineShape<kBalanced>::kWarps.
+template <typename T, bool kBalanced>
+__global__ void __launch_bounds__(32 * RowCombineShape<kBalanced>::kWarps)
+    combine_rows_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr int kWarps = RowCombineShape<kBalanced>::kWarps;
+  constexpr int kSplits = RowCombineShape<kBalanced>::kSplits;
+  __shared__ __align__(16) float staged[kWarps][kSplits][kHeadDim];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int rows = p.seqlen_q * p.num_heads;
-  const int64_t row_global = static_cast<int64_t>(blockIdx.x) * kRowCombineWarps + warp;  // b * rows + r
+  const int64_t row_global = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // b * rows + r
   wait_for_previous_grid();  // the partials come from the main kernel, which may still be finishing
   allow_next_grid_launch();
   if (row_global >= static_cast<int64_t>(p.batch) * rows) return;  // the last CTA may overhang
-  const int num_splits = p.num_splits;
-  const float* lse_row = p.lse_partial + row_global * num_splits;
+  const int b = static_cast<int>(row_global / rows);
+  const int r = static_cast<int>(row_global - static_cast<int64_t>(b) * rows);
+  // Split s of this row: lse at lse_partial[first + s * stride], values at kHeadDim times that offset.
+  int num_splits = p.num_splits;
+  int64_t first = row_global * num_splits, stride = 1;
+  if constexpr (kBalanced) {
+    num_splits = sequence_pieces(p, b);  // the same for the whole warp
+    if (num_splits <= 1) return;
+    first = static_cast<int64_t>(sequence_first_slot(p, b)) * rows + r;
+    stride = rows;
+  }
+  const float* lse_row = p.lse_partial + first;
+  const float* values = p.out_partial + first * kHeadDim + lane * 4;
 
-  const float l = lane < num_splits ? lse_row[lane] : kNegInf;
-  const float m = warp_max_keep_nan(l);
+  float l = lane < num_splits ? lse_row[lane * stride] : kNegInf;  // splits 0-31, kept for their weights
+  float m = l;
+  if constexpr (kBalanced) {
+    for (int s = lane + 32; s < num_splits; s += 32) m = max_keep_nan(m, lse_row[s * stride]);
+  }
+  m = warp_max_keep_nan(m);
 
   float4 acc[kCombineChunks] = {};
   float weight_sum = 0.f;
   if (m != kNegInf) {  // the same for the whole warp
-    // Split `lane`'s weight: 0 for an empty split and past the last.
-    const float w = l != kNegInf ? expf(l - m) : 0.f;
-    const unsigned used = __ballot_sync(0xffffffffu, l != kNegInf);
-    const float* values = p.out_partial + row_global * num_splits * kHeadDim + lane * 4;
+    // Groups of 32 splits, one per lane (a fixed split has one group of at most kSplits).
+    for (int group = 0; group < (kBalanced ? num_splits : 1); group += 32) {
+      if (kBalanced && group > 0) l = group + lane < num_splits ? lse_row[(group + lane) * stride] : kNegInf;
+      // Split group + lane's weight: 0 for an empty split and past the last.
+      const float w = l != kNegInf ? expf(l - m) : 0.f;
+      weight_sum += w;
+      const unsigned used = __ballot_sync(0xffffffffu, l != kNegInf);
+      const int group_end = kBalanced ? min(32, num_splits - group) : kSplits;
+      for (int s0 = 0; s0 < group_end; s0 += kSplits) {
 #pragma unroll
-    for (int s = 0; s < kRowCombineSplits; ++s) {
-      // An empty split's values were never written, nor is there a split past the last: zero-filled, not read.
-      const int bytes = ((used >> s) & 1u) ? 16 : 0;
+        for (int i = 0; i < kSplits; ++i) {
+          // An empty split's values were never written, nor is there a split past the last: zero-filled, not read.
+          const int s = s0 + i;  // < 32
+          const int bytes = ((used >> s) & 1u) ? 16 : 0;
+          const float* src = values + (bytes ? static_cast<int64_t>(group + s) * stride * kHeadDim : 0);
 #pragma unroll
-      for (int j = 0; j < kCombineChunks; ++j) {
-        cp_async_16(smem_u32(&staged[warp][s][j * kCombineColumns + lane * 4]),
-                    values + (bytes ? s : 0) * kHeadDim + j * kCombineColumns, bytes);
+          for (int j = 0; j < kCombineChunks; ++j) {
+            cp_async_16(smem_u32(&staged[warp][i][j * kCombineColumns + lane * 4]), src + j * kCombineColumns, bytes);
+          }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        // Each lane reads back only the columns it copied, so no barrier is needed between the copies and the reads.
+#pragma unroll
+        for (int i = 0; i < kSplits; ++i) {
+          const float ws = __shfl_sync(0xffffffffu, w, s0 + i);
+#pragma unroll
+          for (int j = 0; j < kCombineChunks; ++j) {
+            const float4 v = *reinterpret_cast<const float4*>(&staged[warp][i][j * kCombineColumns + lane * 4]);
+            acc[j].x += ws * v.x;
+            acc[j].y += ws * v.y;
+            acc[j].z += ws * v.z;
+            acc[j].w += ws * v.w;
+          }
+        }
+        // The next batch overwrites what this one read: its reads must be done first.
+        if (kBalanced) __syncwarp();
       }
     }
-    cp_async_commit();
-    cp_async_wait<0>();
-    // Each lane reads back only the columns it copied, so no barrier is needed between the copy and the reads.
-#pragma unroll
-    for (int s = 0; s < kRowCombineSplits; ++s) {
-      const float ws = __shfl_sync(0xffffffffu, w, s);
-#pragma unroll
-      for (int j = 0; j < kCombineChunks; ++j) {
-        const float4 v = *reinterpret_cast<const float4*>(&staged[warp][s][j * kCombineColumns + lane * 4]);
-        acc[j].x += ws * v.x;
-        acc[j].y += ws * v.y;
-        acc[j].z += ws * v.z;
-        acc[j].w += ws * v.w;
-      }
-    }
-    weight_sum = warp_sum(w);
+    weight_sum = warp_sum(weight_sum);
   }
   const bool seen = !(weight_sum == 0.f);
   const float inv = seen ? 1.f / weight_sum : 0.f;
-  const int b = static_cast<int>(row_global / rows);
-  const int r = static_cast<int>(row_global - static_cast<int64_t>(b) * rows);
   T* out = static_cast<T*>(p.out) + out_row_offset(p, b, r) + lane * 4;
 #pragma unroll
   for (int j = 0; j < kCombineChunks; ++j) {

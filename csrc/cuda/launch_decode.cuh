@@ -126,15 +126,19 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  // A fixed split of at most kRowCombineSplits pieces: a warp per whole row, all its splits in one round trip
-  // (perf-notes v38). From 5 pieces on a warp per row would need a second round trip where the unit kernel below
-  // needs one up to 8, and balanced calls keep the unit kernels too: a ragged batch may give one sequence most of the
-  // pieces, and one warp per row keeps half the bytes in flight per row that the unit kernels do.
-  if (p.balanced_target == 0 && p.num_splits <= kRowCombineSplits) {
-    const int64_t row_ctas = (p.batch * rows + kRowCombineWarps - 1) / kRowCombineWarps;
+  // A warp per whole row (perf-notes v38-v40): a fixed split of at most kRowCombineSplits pieces, all in one round
+  // trip (from 5 pieces on it would need a second where the unit kernel below needs one up to 8), and balanced calls
+  // walked as ranges over more than 32 sequences, whose alternative is the fixed-count unit kernel sized for twice the
+  // average pieces, a warp per 128 columns looping over a long sequence's pieces anyway.
+  const bool fixed_rows = p.balanced_target == 0 && p.num_splits <= kRowCombineSplits;
+  const bool balanced_rows = p.balanced_target > 0 && p.balanced_seq_cost > 0 && p.batch > NarrowBatchLayout::kMaxBatch;
+  if (fixed_rows || balanced_rows) {
+    const int warps = balanced_rows ? RowCombineShape<true>::kWarps : RowCombineShape<false>::kWarps;
+    const int64_t row_ctas = (p.batch * rows + warps - 1) / warps;
     if (row_ctas > INT_MAX) throw std::runtime_error("mla decode: too many query rows for one combine launch");
-    launch_overlapped(combine_rows_kernel<T>, dim3(static_cast<unsigned>(row_ctas)), dim3(32 * kRowCombineWarps), 0,
-                      stream, overlap, p, "mla decode split-combine kernel launch");
+    launch_overlapped(balanced_rows ? combine_rows_kernel<T, true> : combine_rows_kernel<T, false>,
+                      dim3(static_cast<unsigned>(row_ctas)), dim3(32 * warps), 0, stream, overlap, p,
+                      "mla decode split-combine kernel launch");
     return;
   }
   const int64_t units = p.batch * rows * kCombineChunks;
@@ -143,8 +147,7 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
   // (perf-notes v18). More sequences when the many-row kernels' work items split them (balanced_seq_cost == 0): that
   // plan gives each sequence one piece once the batch fills a wave, where the fixed count below launches thousands of
   // CTAs with nothing to merge (v19). A batch of one is never ragged, and the fixed sizing measured faster for it at
-  // 16 heads (v18). Wider batches walked as ranges keep it too: ranges cut nearly every sequence, and the per-sequence
-  // layout showed no gain there (v19). Its chunk arithmetic is 32-bit.
+  // 16 heads (v18). Wider batches walked as ranges take the row kernel above (v40). Its chunk arithmetic is 32-bit.
   const bool narrow = p.batch >= 2 && p.batch <= NarrowBatchLayout::kMaxBatch;
   const bool wide = p.batch > NarrowBatchLayout::kMaxBatch && p.balanced_seq_cost == 0;
   const bool fits_int = units * kCombineMaxWarps <= INT_MAX;
