@@ -115,6 +115,29 @@ def test_long_sequences_cut_into_one_wave(dtype, page_size, device, gen):
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
 
 
+@pytest.mark.parametrize("fill", ["full", "one-short", "half"])
+@pytest.mark.parametrize("capacity", [1000, 4096, 16700])
+@pytest.mark.parametrize("num_heads", [24, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_one_sequence_of_many_rows(dtype, num_heads, capacity, fill, device, gen):
+    """One sequence's work items: on CUDA the grid and the combine are sized from the pieces the capacity allows, not
+    a wave of CTAs, so the device's cut of any length up to the capacity must fit them (a piece without a CTA would
+    drop its keys from the result)."""
+    length = {"full": capacity, "one-short": capacity - 1, "half": capacity // 2 + 13}[fill]
+    problem = make_problem(
+        gen,
+        device=device,
+        dtype=dtype,
+        lens=[length],
+        num_heads=num_heads,
+        dense_slack=capacity - length,
+        dense_seq_lens=True,
+    )
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"length {length} of {capacity}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS.get)
 def test_short_sequence_in_long_capacity(dtype, device, gen):
     """One short sequence in a dense cache sized for a long context: the split follows the length, not the size."""

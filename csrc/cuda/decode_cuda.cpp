@@ -73,7 +73,8 @@ struct CudaBackend {
     const cuda::DeviceInfo device = cuda::current_device_info();
     const bool sm90 = cuda::sm90_kernel_enabled(device.major);
     if (p.seq_lens != nullptr) {
-      const cuda::BalancedSplit split = cuda::balanced_split_for(p.batch, rows, device.sm_count, problem.dtype, sm90);
+      const cuda::BalancedSplit split =
+          cuda::balanced_split_for(p.batch, rows, p.capacity, device.sm_count, problem.dtype, sm90);
       set_balanced_split(problem, split.target, split.split_cost, split.seq_cost, split.align);
     } else {
       set_split(problem,

@@ -9,6 +9,7 @@
 // one sequence over the whole GPU, large ones keep one split per sequence once a wave is full, and wave quantisation is
 // weighed against split overhead.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -63,6 +64,14 @@ LoneGridDivisors lone_grid_divisors(int batch, int rows_per_seq, int ctas_per_sm
   return d;
 }
 
+// The most work items the device's plan can cut one sequence of at most `capacity` keys into: it cuts n keys into
+// round(n / L) pieces with L >= sqrt(split_cost * n) (balanced_items.cuh), at most sqrt(n / split_cost) + 1/2. The
+// extra 0.01 covers the device's float square root (relative error ~1e-7, below 0.005 for any int capacity).
+int64_t most_pieces_of_one_sequence(int capacity, float split_cost) {
+  const double bound = std::sqrt(static_cast<double>(std::max(capacity, 1)) / split_cost) + 0.51;
+  return std::max<int64_t>(1, static_cast<int64_t>(bound));
+}
+
 }  // namespace
 
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90) {
@@ -111,7 +120,7 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   return static_cast<int>(std::min(best_len, limit));
 }
 
-BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype, bool sm90) {
+BalancedSplit balanced_split_for(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90) {
   const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
   // Small batches of few rows get one CTA per SM (the launcher then picks the deep-prefetch configuration), as the
   // shape-only planner does when its grid leaves SMs free; otherwise the tile's usual CTAs per SM.
@@ -127,7 +136,11 @@ BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType
   // there a cut costs 64+ fp32 partial rows and another query load, and ranges (which cut nearly every sequence of
   // a near-uniform batch) measured 1.05-1.45x slower than items on the H200 (perf-notes v11).
   const int seq_cost = row_tile == kLargeRowTile ? 0 : range_seq_cost(row_tile);
-  return BalancedSplit{static_cast<int>(std::max<int64_t>(1, slots / row_blocks)), split_cost, seq_cost, align};
+  int64_t target = std::max<int64_t>(1, slots / row_blocks);
+  // One sequence cut into work items is never ragged: launch (and size the combine) for the pieces its capacity
+  // allows, not a wave of mostly spare CTAs (B = 1, H = 128, S = 1K: 16 pieces where a wave is 66).
+  if (batch == 1 && seq_cost == 0) target = std::min(target, most_pieces_of_one_sequence(capacity, split_cost));
+  return BalancedSplit{static_cast<int>(target), split_cost, seq_cost, align};
 }
 
 }  // namespace mla::cuda

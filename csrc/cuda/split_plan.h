@@ -22,6 +22,6 @@ struct BalancedSplit {
   int seq_cost;
   int align;  // cuts fall on multiples of it: the key tile of the kernels that walk the plan (32 or 64 keys)
 };
-BalancedSplit balanced_split_for(int batch, int rows_per_seq, int num_sms, DType dtype, bool sm90);
+BalancedSplit balanced_split_for(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90);
 
 }  // namespace mla::cuda

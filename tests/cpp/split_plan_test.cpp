@@ -1,8 +1,11 @@
 // The CUDA split planners' rules, checked without a GPU: which kernel's tiles a call is planned for decides whether
 // the sm_90a kernel can take it (64-key split boundaries, work items rather than ranges), and the planners must not
 // change calls outside the rows that moved to that kernel.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 
 #include "cuda/split_plan.h"
 
@@ -52,28 +55,42 @@ void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int s
   }
 }
 
-void check_balanced_plan(DType dtype, int batch, int rows, int sms) {
-  const BalancedSplit plain = balanced_split_for(batch, rows, sms, dtype, false);
-  const BalancedSplit hopper = balanced_split_for(batch, rows, sms, dtype, true);
+void check_balanced_plan(DType dtype, int batch, int rows, int capacity, int sms) {
+  const BalancedSplit plain = balanced_split_for(batch, rows, capacity, sms, dtype, false);
+  const BalancedSplit hopper = balanced_split_for(batch, rows, capacity, sms, dtype, true);
   for (const bool sm90 : {false, true}) {
     const BalancedSplit& s = sm90 ? hopper : plain;
-    check(s.target >= 1, "at least one piece", dtype, batch, rows, 0, sms, sm90, s.target);
-    check(s.align == 32 || s.align == 64, "cuts on 32- or 64-key tiles", dtype, batch, rows, 0, sms, sm90, s.align);
+    check(s.target >= 1, "at least one piece", dtype, batch, rows, capacity, sms, sm90, s.target);
+    check(s.align == 32 || s.align == 64, "cuts on 32- or 64-key tiles", dtype, batch, rows, capacity, sms, sm90,
+          s.align);
+    // The target is a wave of CTAs, whatever the capacity; one sequence's work items stop at the pieces its
+    // capacity allows: the device cuts n keys at least sqrt(split_cost * n) apart, into round(n / cut) pieces, so
+    // at most sqrt(capacity / split_cost) + 1/2 of them (the grid must hold them all; one more is a spare CTA).
+    const BalancedSplit wave = balanced_split_for(batch, rows, std::numeric_limits<int>::max(), sms, dtype, sm90);
+    if (batch == 1 && s.seq_cost == 0) {
+      const int most = static_cast<int>(std::sqrt(static_cast<double>(std::max(capacity, 1)) / s.split_cost) + 0.5);
+      check(s.target >= std::min(wave.target, most) && s.target <= std::min(wave.target, most + 1),
+            "one sequence: work items for the pieces its capacity allows", dtype, batch, rows, capacity, sms, sm90,
+            s.target);
+    } else {
+      check(s.target == wave.target, "the target does not follow the capacity", dtype, batch, rows, capacity, sms, sm90,
+            s.target);
+    }
   }
   const bool moved = rows > 16 && rows <= 32 && is_16_bit(dtype);
   if (moved) {
     // The sm_90a kernel walks work items only, on 64-key tiles; the portable 32-row kernel walks ranges.
     check(hopper.seq_cost == 0 && hopper.align == 64, "17-32 rows: work items for the sm_90a kernel", dtype, batch,
-          rows, 0, sms, true, hopper.seq_cost);
-    check(plain.seq_cost > 0 && plain.align == 32, "17-32 rows: ranges for the portable kernel", dtype, batch, rows, 0,
-          sms, false, plain.seq_cost);
+          rows, capacity, sms, true, hopper.seq_cost);
+    check(plain.seq_cost > 0 && plain.align == 32, "17-32 rows: ranges for the portable kernel", dtype, batch, rows,
+          capacity, sms, false, plain.seq_cost);
   } else {
     check(plain.target == hopper.target && plain.seq_cost == hopper.seq_cost && plain.align == hopper.align &&
               plain.split_cost == hopper.split_cost,
-          "balanced plan unchanged outside 17-32 rows", dtype, batch, rows, 0, sms, true, hopper.seq_cost);
+          "balanced plan unchanged outside 17-32 rows", dtype, batch, rows, capacity, sms, true, hopper.seq_cost);
     const bool ranges = rows <= 32 || !is_16_bit(dtype);
     check((plain.seq_cost > 0) == ranges, "ranges for few rows and fp32, work items for many rows", dtype, batch, rows,
-          0, sms, false, plain.seq_cost);
+          capacity, sms, false, plain.seq_cost);
   }
 }
 
@@ -88,8 +105,8 @@ int main() {
         for (const int batch : {1, 2, 7, 16, 64, 128, 1000}) {
           for (const int capacity : {1, 15, 64, 100, 1000, 4096, 16385, 131072}) {
             check_shape_only_plan(dtype, batch, rows, capacity, sms);
+            check_balanced_plan(dtype, batch, rows, capacity, sms);
           }
-          check_balanced_plan(dtype, batch, rows, sms);
         }
       }
     }
@@ -115,6 +132,11 @@ int main() {
   const int one_head = default_kv_len_per_split(4, 1, 16384, 132, DType::kBFloat16, true);
   check(grid_ctas(4, 16384, one_head) > 132, "one head keeps two CTAs per SM at B = 4, S = 16K", DType::kBFloat16, 4, 1,
         16384, 132, true, one_head);
+  // B = 1, H = 128, S = 1K with seq_lens: 16 pieces of 64 keys, 32 CTAs and a combine sized for 16 splits, where a
+  // wave of 66 per row block launched 134 CTAs and a combine sized for 132 (3-5 us more than the fixed split).
+  const BalancedSplit one_short = balanced_split_for(1, 128, 1024, 132, DType::kBFloat16, true);
+  check(one_short.target == 16, "one short sequence of many rows: 16 work items", DType::kBFloat16, 1, 128, 1024, 132,
+        true, one_short.target);
   std::printf("split planner rules: %s\n", failures == 0 ? "all hold" : "FAILED");
   return failures == 0 ? 0 : 1;
 }
