@@ -54,7 +54,7 @@ struct DecodeParams {
   // A sequence's n_b pieces write partial slots first_b .. first_b + n_b - 1; num_splits then holds
   // W = balanced_target + B, which bounds the slots, and kv_len_per_split holds the alignment of every cut (16, or
   // the key tile of a kernel that needs whole tiles).
-  int balanced_target;        // ranges, or work items, about one wave of CTAs
+  int balanced_target;        // ranges, or work items, about one wave of CTAs (one sequence: see balanced_split_for)
   float balanced_split_cost;  // cuts are at least sqrt(cost * sequence length) keys apart (combine traffic)
   int balanced_seq_cost;      // ranges: keys' worth of one sequence's set-up in a CTA (query load, pipeline fill)
   int32_t* split_table;       // [B, 2]: first slot and piece count of each sequence, for the combine; written by

@@ -13,9 +13,9 @@ namespace mla::cuda {
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90);
 
 // Balanced splits for a call with seq_lens (see DecodeParams): `target` ranges or work items, about one wave of
-// CTAs of the kernel that will run; `seq_cost` is one sequence's set-up in keys for the range plan of the few-row
-// kernels, 0 for the work-item plan of the many-row ones; split_cost weighs the combine traffic of one more cut
-// (it grows with the rows).
+// CTAs of the kernel that will run (one sequence of work items: at most the pieces its capacity allows); `seq_cost`
+// is one sequence's set-up in keys for the range plan of the few-row kernels, 0 for the work-item plan of the
+// many-row ones; split_cost weighs the combine traffic of one more cut (it grows with the rows).
 struct BalancedSplit {
   int target;
   float split_cost;
