@@ -24,16 +24,10 @@ __device__ __forceinline__ float max_keep_nan(float a, float b) {
   return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 }
 
-// The warp's maximum (keeping NaN) and sum, in every lane.
+// The warp's maximum (keeping NaN), in every lane.
 __device__ __forceinline__ float warp_max_keep_nan(float v) {
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-template <typename V>
-__device__ __forceinline__ V warp_sum(V v) {
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 

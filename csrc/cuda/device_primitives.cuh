@@ -147,6 +147,14 @@ __device__ __forceinline__ Tf32Pair split_tf32(float x) {
   return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
+// The sum over the warp's lanes, in every lane; all 32 lanes call it.
+template <typename V>
+__device__ __forceinline__ V warp_sum(V v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 // Inclusive prefix sum over the warp's lanes (lane i gets the sum of lanes 0..i); all 32 lanes call it.
 template <typename V>
 __device__ __forceinline__ V warp_inclusive_sum(V value) {

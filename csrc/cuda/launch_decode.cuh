@@ -160,10 +160,11 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
   }
   // Warps per unit (a power of two): enough that each sums at most one batch of splits, up to 16; then units per CTA
   // to reach 8 warps.
-  // Balanced splits vary per sequence: size for twice the average; one sequence gets at most the target.
+  // Balanced splits vary per sequence: size for twice the average, but no sequence gets more than the target.
   int64_t splits = p.num_splits;
   if (p.balanced_target > 0) {
-    splits = p.batch == 1 ? p.balanced_target : (2 * static_cast<int64_t>(p.balanced_target) + p.batch - 1) / p.batch;
+    const int64_t target = p.balanced_target;
+    splits = std::min(target, (2 * target + p.batch - 1) / p.batch);
   }
   const int groups = combine_warps_for(splits);
   const int units_per_cta = groups >= 8 ? 1 : 8 / groups;

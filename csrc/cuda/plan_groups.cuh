@@ -18,11 +18,8 @@ namespace mla::cuda {
 struct WarpGroup {
   __device__ __forceinline__ int rank() const { return threadIdx.x & 31; }
   __device__ __forceinline__ int size() const { return 32; }
-  __device__ __forceinline__ int64_t sum(int64_t v) const {
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-  }
+  __device__ __forceinline__ int64_t sum(int64_t v) const { return warp_sum(v); }
+  // Both components' shuffles interleaved, so the two trees overlap (two warp_sum calls compile to a different order).
   __device__ __forceinline__ int2 sum(int2 v) const {
 #pragma unroll
     for (int off = 16; off >= 1; off >>= 1) {
