@@ -5,10 +5,11 @@ case that runs clean but wrong still fails.
 
     --subset all       memcheck's matrix: dtype x heads (1, 16, 128) x splits (one, many) x layout (dense, pages of
                        1, 16, 64), with S_q 1 / 2-causal and hostile seq_lens / block tables mixed in, plus B = 0,
-                       S_kv = 0, no pages, decode_out into strided outputs, merge_states, and balanced splits over
-                       hundreds of short sequences
+                       S_kv = 0, no pages, decode_out into strided outputs, merge_states, balanced splits over
+                       hundreds of short sequences, and fixed splits merged in thread-block clusters
     --subset kernels   one small case per kernel variant (dim-split few / mid rows, key-split 64 rows, fp32 SIMT,
-                       the split combine, merge_states, the H >= 64 16-bit path, balanced ranges and items), for
+                       the split combine, merge_states, the H >= 64 16-bit path, balanced ranges and items, the
+                       cluster merge), for
                        racecheck and synccheck
 
 Exit status: 0 when every case ran and matched, 1 otherwise, 2 without a CUDA device.
@@ -170,7 +171,20 @@ def full_matrix() -> list[Case]:
     cases += mid_rows_sm90_cases()
     cases += merge_cases()
     cases += balanced_cases()
+    cases += cluster_merge_cases()
     return cases
+
+
+def cluster_merge_cases() -> list[Case]:
+    """Fixed splits of 2, 4 and 8 pieces on the few-row kernel, which Hopper merges in thread-block clusters through
+    distributed shared memory (capacities 100, 8 pages of 16 and 250 keys)."""
+    return [
+        Case("dim-split-few-rows-bf16-cluster-merge-2", lens=[100, 37], num_heads=16, kv_len_per_split=64),
+        Case("dim-split-few-rows-fp16-cluster-merge-4-page16", dtype="fp16", lens=[112, 3], num_heads=8,
+             page_size=16, kv_len_per_split=32),  # fmt: skip
+        Case("dim-split-few-rows-bf16-cluster-merge-8-Sq2", lens=[250, 0], num_heads=8, seqlen_q=2, causal=True,
+             kv_len_per_split=32),  # fmt: skip
+    ]
 
 
 def merge_cases() -> list[Case]:
@@ -227,6 +241,7 @@ def kernel_cases() -> list[Case]:
             kv_len_per_split=32,
         ),
         Case("dim-split-few-rows-bf16-big-grid", lens=[300] * 8, num_heads=16, kv_len_per_split=16),
+        *cluster_merge_cases(),
         Case("dim-split-mid-rows-fp16", dtype="fp16", lens=[150], num_heads=32, kv_len_per_split=32),
         Case("dim-split-mid-rows-bf16-Sq2", lens=[90, 3], num_heads=16, seqlen_q=2, causal=True, page_size=1),
         Case("key-split-64-rows-bf16-page16", lens=[70], num_heads=128, page_size=16),

@@ -1,5 +1,6 @@
 """Which CUDA main kernel ran: the per-path launch counters of the private op torch.ops.mla._kernel_launch_counts()
--> [portable, sm90, fp32 tensor-core], read in this process or, for switches read once per process, in a fresh one."""
+-> [portable, sm90, fp32 tensor-core, cluster merge], read in this process or, for switches read once per process,
+in a fresh one."""
 
 from __future__ import annotations
 
@@ -7,14 +8,28 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
-PORTABLE, SM90, FP32_TENSOR_CORE = 0, 1, 2
+import mla_ext
+
+# CLUSTER_MERGE counts portable launches whose fixed split merged in thread-block clusters (no combine kernel).
+PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE = 0, 1, 2, 3
+
+
+def _is_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    archs = (mla_ext.build_info.cuda_archs or "").split(";")
+    return "9.0a" in archs or "9.0a+PTX" in archs
+
+
+requires_hopper = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 device and a build with 9.0a")
 
 
 def launch_counts():
     counts = list(torch.ops.mla._kernel_launch_counts())
-    assert len(counts) == 3, counts
+    assert len(counts) == 4, counts
     return counts
 
 

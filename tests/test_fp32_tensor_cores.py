@@ -1,6 +1,6 @@
 """Which kernel runs fp32 on CUDA: the tensor-core one (3xTF32) on devices with at least A100's shared memory, the
 CUDA-core one with MLA_EXT_FP32_CUDA_CORES=1; both within the fp32 tolerance. Launches are counted per path by the
-private op torch.ops.mla._kernel_launch_counts() -> [portable, sm90, fp32 tensor-core]."""
+private op torch.ops.mla._kernel_launch_counts() (tests/launch_paths.py)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,24 @@
 """Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with more than 16 query rows per
 sequence take the wgmma + TMA kernel, other fp16/bf16 calls the portable kernel (fp32: test_fp32_tensor_cores.py),
 and both agree with the float64 reference. Launches are counted per path by the private op
-torch.ops.mla._kernel_launch_counts() -> [portable, sm90, fp32 tensor-core]."""
+torch.ops.mla._kernel_launch_counts() (tests/launch_paths.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from axes import DTYPE_IDS, DTYPES_16
 from checks import assert_matches_reference, assert_repeatable, decode_all_ways
-from launch_paths import PORTABLE, SM90, counts_from_line, launch_counts, launches_during, run_fresh_process
+from launch_paths import (
+    PORTABLE,
+    SM90,
+    counts_from_line,
+    launch_counts,
+    launches_during,
+    requires_hopper,
+    run_fresh_process,
+)
 from make_inputs import make_problem
 from reference import decode_reference
-
-import mla_ext
-
-
-def _is_hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        return False
-    archs = (mla_ext.build_info.cuda_archs or "").split(";")
-    return "9.0a" in archs or "9.0a+PTX" in archs
-
-
-requires_hopper = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 device and a build with 9.0a")
 
 
 def test_launch_counts_op_exists():

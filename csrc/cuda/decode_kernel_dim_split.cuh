@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "cluster_merge.cuh"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
 #include "fragment_softmax.cuh"
@@ -55,9 +56,11 @@ struct DimSplitTile {
   static_assert(kKSteps % kWarpsPerGroup == 0, "K-dim steps split evenly over a group's warps");
   static_assert(kKeyTile % 16 == 0, "key tile: whole k16 steps of P . V");
   static_assert(kStages >= 2, "pipeline depth");
+  static_assert(ClusterMergeBuffer<kRowTile>::kBytes <= kStages * kKeyTile * Row::kBytes,
+                "a cluster merge stages the rows in the KV stages");
 };
 
-template <class Cfg>
+template <class Cfg, bool kMergeInCluster>
 __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, const CtaWork& w) {
   using T = typename Cfg::Element;
   using Row = typename Cfg::Row;
@@ -204,25 +207,44 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
   cp_async_wait<0>();
 
   // ---- epilogue: each warp holds whole-row sums; write its 128 columns ----
+  if constexpr (kMergeInCluster) {
+    uint8_t* buffer = smem + Cfg::kKvOffset;  // the pieces merge in the cluster through the KV stages
+    cta_barrier_all_threads();                // every warp is done reading the last tile
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float l = row_sum[half];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = w.row_begin + group_row0 + (lane >> 2) + half * 8;
-    if (r >= w.rows) continue;
-    write_row_result<T, kCT>(p, w, r, l, row_max[half], quarter * Cfg::kWarpCols + 2 * (lane & 3),
-                             quarter == 0 && (lane & 3) == 0,
-                             [&](int ct) { return make_float2(acc[ct][half * 2], acc[ct][half * 2 + 1]); });
+    for (int half = 0; half < 2; ++half) {
+      float l = row_sum[half];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      stage_row_for_merge<Cfg::kRowTile, kCT>(
+          buffer, group_row0 + (lane >> 2) + half * 8, l, row_max[half], quarter * Cfg::kWarpCols + 2 * (lane & 3),
+          quarter == 0 && (lane & 3) == 0,
+          [&](int ct) { return make_float2(acc[ct][half * 2], acc[ct][half * 2 + 1]); });
+    }
+    merge_staged_rows<T, Cfg::kRowTile, Cfg::kThreads>(p, w, buffer);
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = row_sum[half];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = w.row_begin + group_row0 + (lane >> 2) + half * 8;
+      if (r >= w.rows) continue;
+      write_row_result<T, kCT>(p, w, r, l, row_max[half], quarter * Cfg::kWarpCols + 2 * (lane & 3),
+                               quarter == 0 && (lane & 3) == 0,
+                               [&](int ct) { return make_float2(acc[ct][half * 2], acc[ct][half * 2 + 1]); });
+    }
   }
 }
 
-template <class Cfg>
+// kMergeInCluster: launched in clusters of one sequence's pieces of a fixed split, which merge in the cluster
+// (cluster_merge.cuh); its own kernel, so that the merge's registers do not reshape the usual kernel (perf-notes v45).
+template <class Cfg, bool kMergeInCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_dim_split_kernel(const __grid_constant__ DecodeParams p) {
   wait_for_previous_grid();  // q may come from the kernel just before
   allow_next_grid_launch();
-  if constexpr (body_compiled_here<Cfg::kSm90Only>()) {
-    for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(p, [&](const CtaWork& w) { decode_dim_split_body<Cfg>(p, w); });
+  if constexpr (body_compiled_here<Cfg::kSm90Only || kMergeInCluster>()) {
+    for_each_cta_work<Cfg::kRowTile, Cfg::kKeyTile>(
+        p, [&](const CtaWork& w) { decode_dim_split_body<Cfg, kMergeInCluster>(p, w); });
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "../params.h"
 #include "combine_kernel.cuh"
@@ -67,6 +68,20 @@ struct Tf32Configs {
 // The kernel that runs a configuration.
 template <class Cfg>
 struct KernelOf;
+
+// The Hopper few-row configurations have a second kernel that merges a fixed split's pieces in thread-block
+// clusters (cluster_merge.cuh).
+template <class Cfg>
+constexpr bool merges_in_cluster() {
+  using T = typename Cfg::Element;
+  if constexpr (sizeof(T) == 2) {
+    using C = TensorCoreConfigs<T>;
+    return std::is_same_v<Cfg, typename C::FewRowsSm90> || std::is_same_v<Cfg, typename C::FewRowsDeep>;
+  } else {
+    return false;
+  }
+}
+
 template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
 struct KernelOf<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>> {
   static constexpr auto kernel = decode_dim_split_kernel<DimSplitTile<T, kRowGroups, kKeyTile, kStages, kSm90Only>>;
@@ -87,18 +102,36 @@ struct KernelOf<Tf32Tile<kKeyTile, kStages, kSm90Only>> {
 
 namespace detail {
 
-template <class Cfg>
-bool fits(const DeviceInfo& d) {
-  return Cfg::kSmemBytes <= d.smem_optin && (!Cfg::kSm90Only || d.major == 9);
+// Whether this build holds sm_90 code for kKernel. A build without 9.0a (e.g. 8.0+PTX) runs on Hopper through
+// compute_80 PTX, where the bodies compiled for sm_90 only are left out (body_compiled_here): such a kernel would
+// launch and write nothing. Asked once per device.
+template <auto kKernel>
+bool compiled_for_sm90(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= kMaxDevices) return false;
+  const int known = state[device].load(std::memory_order_relaxed);
+  if (known != 0) return known == 1;
+  cudaFuncAttributes attr{};
+  const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90;
+  if (!yes) cudaGetLastError();
+  state[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
 }
 
-// cudaFuncSetAttribute once per (configuration, device); repeating it from racing threads is harmless.
-template <class Cfg, class Kernel>
-void ensure_shared_memory(Kernel kernel, int device) {
+template <class Cfg>
+bool fits(const DeviceInfo& d) {
+  return Cfg::kSmemBytes <= d.smem_optin &&
+         (!Cfg::kSm90Only || (d.major == 9 && compiled_for_sm90<KernelOf<Cfg>::kernel>(d.device)));
+}
+
+// cudaFuncSetAttribute once per (kernel, device); repeating it from racing threads is harmless.
+template <class Cfg, auto kKernel>
+void ensure_shared_memory(int device) {
   static std::atomic<uint64_t> done{0};
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
-  throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+  throw_on_error(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
                  "cudaFuncSetAttribute(max dynamic shared memory)");
   done.fetch_or(bit, std::memory_order_relaxed);
 }
@@ -106,21 +139,64 @@ void ensure_shared_memory(Kernel kernel, int device) {
 // Launches kernel(p). With `overlap` (sm_90+), programmatic dependent launch lets its CTAs start while the previous
 // kernel on the stream drains; the kernels wait (wait_for_previous_grid) before touching memory. Saves a launch
 // gap per kernel, which is most of the cost left for small batches (use_programmatic_launch decides). Works inside
-// CUDA graph capture.
+// CUDA graph capture. cluster > 1 groups consecutive CTAs into thread-block clusters of that size (sm_90+).
 template <class Params>
 void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, bool overlap,
-                       const Params& p, const char* what) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+                       const Params& p, const char* what, int cluster = 1) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (overlap) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
   config.stream = stream;
-  config.attrs = overlap ? &attribute : nullptr;
-  config.numAttrs = overlap ? 1 : 0;
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   throw_on_error(cudaLaunchKernelEx(&config, kernel, p), what);
+}
+
+// Whether clusters of `cluster` CTAs of kKernel keep as many CTAs resident as the grid would have without them (a
+// lone grid must stay one wave): the CTAs of a cluster share a GPC, which may leave some of its SMs without one (on
+// the H200, 15 clusters of 8 lone CTAs fit, not 16, and 62 of 4 CTAs two per SM, not 64: perf-notes v45). Asked
+// once per (kernel, device, cluster size).
+template <class Cfg, auto kKernel>
+bool clusters_keep_residency(int cluster, int64_t ctas, const DeviceInfo& d) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> resident_clusters[kMaxDevices][4] = {};  // cluster sizes 2, 4, 8: clusters + 1 (0: unknown)
+  static std::atomic<int> resident_ctas[kMaxDevices] = {};         // without clusters, + 1
+  int size_index = 0;
+  while ((2 << size_index) < cluster) ++size_index;
+  if (d.device >= kMaxDevices || size_index > 2 || (2 << size_index) != cluster) return false;
+  int clusters = resident_clusters[d.device][size_index].load(std::memory_order_relaxed) - 1;
+  if (clusters < 0) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(cluster));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(Cfg::kSmemBytes);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    throw_on_error(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config), "cudaOccupancyMaxActiveClusters");
+    resident_clusters[d.device][size_index].store(clusters + 1, std::memory_order_relaxed);
+  }
+  int per_sm = resident_ctas[d.device].load(std::memory_order_relaxed) - 1;
+  if (per_sm < 0) {
+    throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, Cfg::kSmemBytes),
+                   "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    resident_ctas[d.device].store(per_sm + 1, std::memory_order_relaxed);
+  }
+  const int64_t needed = std::min<int64_t>(ctas, static_cast<int64_t>(per_sm) * d.sm_count);
+  return static_cast<int64_t>(clusters) * cluster >= needed;
 }
 
 template <typename T>
@@ -176,7 +252,20 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
 
 }  // namespace detail
 
-// Main kernel with configuration Cfg, then the combine when the problem has several splits. Balanced calls go in
+// Whether a call's fixed split merges in clusters of one sequence's pieces instead of the combine kernel: 2, 4 or 8
+// pieces of at most kClusterMergeMaxKeys keys, a row block per sequence (the pieces are then consecutive CTAs: CTA
+// rank = piece), on sm_90+. The merge saves the combine's launch and the partials' round trip, a few us per call;
+// the cluster kernel's loop runs ~1 % slower (its registers are laid out around the merge), so long pieces lose
+// more than the merge saves (perf-notes v45).
+constexpr int kClusterMergeMaxKeys = 2048;
+inline bool merge_in_cluster(const DecodeParams& p, int64_t row_blocks, const DeviceInfo& d) {
+  const bool pieces_fit = p.num_splits == 2 || p.num_splits == 4 || p.num_splits == kMaxClusterSplits;
+  return d.major >= 9 && p.balanced_target == 0 && pieces_fit && p.kv_len_per_split <= kClusterMergeMaxKeys &&
+         row_blocks == 1;
+}
+
+// Main kernel with configuration Cfg, then the combine when the problem has several splits (or, see
+// merge_in_cluster, the main kernel alone, merging in clusters). Balanced calls go in
 // the kernel's form: ranges for the few-row kernels, work items for the many-row ones (balanced_split_for plans
 // by row tile; a call planned as work items that runs on a few-row kernel, a many-row call on 99 KB devices or a
 // 17-32-row call the sm_90a kernel declines, is walked as ranges of the same count).
@@ -195,9 +284,22 @@ void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const D
   const int64_t ctas = row_blocks * work_items(p);
   if (ctas > INT_MAX) throw std::runtime_error("mla decode: grid too large (batch x splits x row blocks)");
   constexpr auto kernel = KernelOf<Cfg>::kernel;
-  detail::ensure_shared_memory<Cfg>(kernel, d.device);
+  detail::ensure_shared_memory<Cfg, kernel>(d.device);
   const bool overlap = d.major >= 9 && use_programmatic_launch(p);
   if (!Cfg::kWalksRanges && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
+  if constexpr (merges_in_cluster<Cfg>()) {
+    constexpr auto cluster_kernel = decode_dim_split_kernel<Cfg, true>;  // compiled for sm_90 only
+    if (merge_in_cluster(p, row_blocks, d) && detail::compiled_for_sm90<cluster_kernel>(d.device)) {
+      detail::ensure_shared_memory<Cfg, cluster_kernel>(d.device);
+      if (detail::clusters_keep_residency<Cfg, cluster_kernel>(p.num_splits, ctas, d)) {
+        p.cluster_merge_splits = p.num_splits;
+        detail::launch_overlapped(cluster_kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads),
+                                  Cfg::kSmemBytes, stream, overlap, p, "mla decode main kernel launch", p.num_splits);
+        count_launch(KernelPath::kClusterMerge);
+        return;
+      }
+    }
+  }
   detail::launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                             overlap, p, "mla decode main kernel launch");
   if (p.num_splits > 1 || p.balanced_target > 0)

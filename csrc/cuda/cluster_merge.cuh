@@ -1,0 +1,144 @@
+// Fixed splits of the few-row kernel merged inside a thread-block cluster (sm_90+), instead of fp32 partials in
+// global memory and a combine kernel behind a grid boundary. The launcher puts one sequence's c splits (c = 2, 4 or
+// 8; one row block, so CTA rank = split) in one cluster. Each CTA leaves its rows normalised, with their lse, in its
+// own shared memory; after a cluster barrier, CTA r merges columns [r 512 / c, (r + 1) 512 / c) of every row from
+// all c CTAs' shared memory (distributed shared memory) and writes them out; CTA 0 writes the lse. A second barrier
+// keeps every CTA's shared memory alive until the others have read it. The weights are the combine's
+// (combine_rows_kernel): exp(lse_s - max) for the splits that saw a key, the max keeping NaN.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../params.h"
+#include "combine_kernel.cuh"
+#include "decode_work.cuh"
+#include "device_primitives.cuh"
+
+namespace mla::cuda {
+
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+
+// The merge's use of a CTA's KV stages once its last tile is done: kRowTile rows of kHeadDim floats (8 floats of
+// padding per row put a warp's 8 fragment rows on different bank pairs), their lse, then what the CTA's own threads
+// derive for its share: each row's split weights, which splits saw a key, 1 / sum of the weights.
+template <int kRowTile>
+struct ClusterMergeBuffer {
+  static constexpr int kStride = kHeadDim + 8;
+  static constexpr int kLseOffset = kRowTile * kStride * 4;
+  static constexpr int kWeightOffset = kLseOffset + kRowTile * 4;
+  static constexpr int kUsedOffset = kWeightOffset + kRowTile * kMaxClusterSplits * 4;
+  static constexpr int kInvOffset = kUsedOffset + kRowTile * 4;
+  static constexpr int kBytes = kInvOffset + kRowTile * 4;
+};
+
+// Stages one row (row_local of the CTA's block) from a thread's share of an mma accumulator, as write_row_result
+// would write a partial: value pairs pair(j) / l at columns col0 + kStride j, j < kPairs, and (writes_lse) the lse.
+template <int kRowTile, int kPairs, int kStride = 8, class Pair>
+__device__ __forceinline__ void stage_row_for_merge(uint8_t* buffer, int row_local, float l, float row_max, int col0,
+                                                    bool writes_lse, Pair pair) {
+  using B = ClusterMergeBuffer<kRowTile>;
+  const bool seen = !(l == 0.f);  // NaN (a non-finite used key) must reach the output
+  const float inv = seen ? 1.f / l : 0.f;
+  float* values = reinterpret_cast<float*>(buffer) + row_local * B::kStride + col0;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const float2 v = pair(j);
+    *reinterpret_cast<float2*>(values + j * kStride) = make_float2(v.x * inv, v.y * inv);
+  }
+  if (writes_lse) {
+    reinterpret_cast<float*>(buffer + B::kLseOffset)[row_local] =
+        seen ? (row_max + log2f(l)) * 0.6931471805599453f : kNegInf;
+  }
+}
+
+// Called by every thread of every CTA of the cluster once all rows are staged (stage_row_for_merge). kThreads: the
+// CTA's threads.
+template <typename T, int kRowTile, int kThreads, int kSplits>
+__device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, const CtaWork& w, uint8_t* buffer) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using B = ClusterMergeBuffer<kRowTile>;
+  static_assert(kRowTile <= kThreads, "a thread per row weighs the splits");
+  constexpr int splits = kSplits;
+  const uint32_t rank = cluster_cta_rank();
+  const uint32_t base = smem_u32(buffer);
+  const int tid = static_cast<int>(threadIdx.x);
+  float* weights = reinterpret_cast<float*>(buffer + B::kWeightOffset);
+  uint32_t* used_splits = reinterpret_cast<uint32_t*>(buffer + B::kUsedOffset);
+  float* inv_sums = reinterpret_cast<float*>(buffer + B::kInvOffset);
+  cluster_barrier();  // every CTA's rows and lse are staged
+
+  if (tid < kRowTile) {
+    float lse[kMaxClusterSplits];
+    float m = kNegInf;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lse[s] = s < splits ? load_cluster_f32(cluster_shared_address(base + B::kLseOffset + 4 * tid, s)) : kNegInf;
+      m = max_keep_nan(m, lse[s]);
+    }
+    float sum = 0.f;
+    uint32_t used = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      // An empty split's weight is 0 and its values are never used (selected away, not multiplied by 0).
+      const bool saw_key = m != kNegInf && lse[s] != kNegInf;
+      const float weight = saw_key ? expf(lse[s] - m) : 0.f;
+      weights[tid * kMaxClusterSplits + s] = weight;
+      used |= saw_key ? 1u << s : 0u;
+      sum += weight;
+    }
+    used_splits[tid] = used;
+    const bool seen = !(sum == 0.f);
+    inv_sums[tid] = seen ? 1.f / sum : 0.f;
+    const int r = w.row_begin + tid;
+    if (rank == 0 && r < w.rows) p.lse[lse_row_offset(p, w.batch_index, r)] = seen ? m + logf(sum) : kNegInf;
+  }
+  cta_barrier_all_threads();  // the weights, for this CTA's threads
+
+  // This CTA's columns of every row, 4 at a time: all splits' loads first, so they are in flight together.
+  constexpr int quads = kHeadDim / 4 / splits;  // per row
+  const int col0 = static_cast<int>(rank) * quads * 4;
+  for (int u = tid; u < kRowTile * quads; u += kThreads) {
+    const int row_local = u / quads;
+    const int col = col0 + 4 * (u - row_local * quads);
+    const int r = w.row_begin + row_local;
+    if (r >= w.rows) continue;
+    const uint32_t addr = base + (row_local * B::kStride + col) * 4;
+    float4 v[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (s < splits) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
+    }
+    const uint32_t used = used_splits[row_local];
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (s < splits && ((used >> s) & 1u)) {
+        const float ws = weights[row_local * kMaxClusterSplits + s];
+        acc.x += ws * v[s].x;
+        acc.y += ws * v[s].y;
+        acc.z += ws * v[s].z;
+        acc.w += ws * v[s].w;
+      }
+    }
+    const float inv = inv_sums[row_local];
+    store4<T>(static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r) + col, acc.x * inv, acc.y * inv, acc.z * inv,
+              acc.w * inv);
+  }
+  cluster_barrier();  // the other CTAs have read this one's shared memory
+#else
+  __trap();  // the launcher merges in clusters on sm_90+ only
+#endif
+}
+
+template <typename T, int kRowTile, int kThreads>
+__device__ __forceinline__ void merge_staged_rows(const DecodeParams& p, const CtaWork& w, uint8_t* buffer) {
+  switch (p.cluster_merge_splits) {
+    case 2: merge_staged_rows_of<T, kRowTile, kThreads, 2>(p, w, buffer); break;
+    case 4: merge_staged_rows_of<T, kRowTile, kThreads, 4>(p, w, buffer); break;
+    default: merge_staged_rows_of<T, kRowTile, kThreads, kMaxClusterSplits>(p, w, buffer); break;
+  }
+}
+
+}  // namespace mla::cuda
