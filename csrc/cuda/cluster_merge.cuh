@@ -60,7 +60,6 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using B = ClusterMergeBuffer<kRowTile>;
   static_assert(kRowTile <= kThreads, "a thread per row weighs the splits");
-  constexpr int splits = kSplits;
   const uint32_t rank = cluster_cta_rank();
   const uint32_t base = smem_u32(buffer);
   const int tid = static_cast<int>(threadIdx.x);
@@ -74,7 +73,7 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
     float m = kNegInf;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      lse[s] = s < splits ? load_cluster_f32(cluster_shared_address(base + B::kLseOffset + 4 * tid, s)) : kNegInf;
+      lse[s] = s < kSplits ? load_cluster_f32(cluster_shared_address(base + B::kLseOffset + 4 * tid, s)) : kNegInf;
       m = max_keep_nan(m, lse[s]);
     }
     float sum = 0.f;
@@ -97,7 +96,7 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
   cta_barrier_all_threads();  // the weights, for this CTA's threads
 
   // This CTA's columns of every row, 4 at a time: all splits' loads first, so they are in flight together.
-  constexpr int quads = kHeadDim / 4 / splits;  // per row
+  constexpr int quads = kHeadDim / 4 / kSplits;  // per row
   const int col0 = static_cast<int>(rank) * quads * 4;
   for (int u = tid; u < kRowTile * quads; u += kThreads) {
     const int row_local = u / quads;
@@ -108,13 +107,13 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
     float4 v[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s < splits) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
+      if (s < kSplits) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
     }
     const uint32_t used = used_splits[row_local];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s < splits && ((used >> s) & 1u)) {
+      if (s < kSplits && ((used >> s) & 1u)) {
         const float ws = weights[row_local * kMaxClusterSplits + s];
         acc.x += ws * v[s].x;
         acc.y += ws * v[s].y;

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <array>
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -34,20 +33,17 @@ void call_launcher(const char* op, Fn&& fn) {
 // command (CUDA itself would only say "no kernel image is available"). The device facts come from the launchers'
 // cache; this only remembers, per device, that the check passed.
 void check_device_arch() {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<bool>, kMaxDevices> passed{};
+  static std::atomic<int> passed[cuda::kMaxDevices] = {};
   const cuda::DeviceInfo d = cuda::current_device_info();
-  std::atomic<bool>* known = d.device < kMaxDevices ? &passed[static_cast<size_t>(d.device)] : nullptr;
-  if (known != nullptr && known->load(std::memory_order_relaxed)) {
-    return;
-  }
-  if (!cuda_archs_run_on(compiled_cuda_archs(), d.major, d.minor)) {
-    cudaDeviceProp properties{};
-    C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, d.device));
-    const std::string name = "cuda:" + std::to_string(d.device) + " (" + properties.name + ")";
-    TORCH_CHECK(false, cuda_arch_error(compiled_cuda_archs(), d.major, d.minor, name));
-  }
-  if (known != nullptr) known->store(true, std::memory_order_relaxed);
+  cuda::remembered_for_device(passed, d.device, [&] {
+    if (!cuda_archs_run_on(compiled_cuda_archs(), d.major, d.minor)) {  // throws: nothing is remembered
+      cudaDeviceProp properties{};
+      C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, d.device));
+      const std::string name = "cuda:" + std::to_string(d.device) + " (" + properties.name + ")";
+      TORCH_CHECK(false, cuda_arch_error(compiled_cuda_archs(), d.major, d.minor, name));
+    }
+    return 1;
+  });
 }
 
 struct CudaBackend {

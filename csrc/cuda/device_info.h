@@ -22,9 +22,22 @@ struct DeviceInfo {
   int sm_count;
 };
 
+constexpr int kMaxDevices = 64;  // devices whose facts are remembered; others are asked again on every call
+
+// A non-negative fact about `device` (whether a kernel can run there, an occupancy count), computed by compute() on
+// first use and remembered in state (the fact + 1; 0 while unknown). A compute() that throws leaves it unknown.
+template <class Compute>
+int remembered_for_device(std::atomic<int> (&state)[kMaxDevices], int device, Compute compute) {
+  if (device < 0 || device >= kMaxDevices) return compute();
+  const int known = state[device].load(std::memory_order_relaxed);
+  if (known != 0) return known - 1;
+  const int fact = compute();
+  state[device].store(fact + 1, std::memory_order_relaxed);
+  return fact;
+}
+
 // Read once per device: attribute queries are cheap but not free, and this runs on every call.
 inline DeviceInfo current_device_info() {
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices][4] = {};
   int device = 0;
   throw_on_error(cudaGetDevice(&device), "cudaGetDevice");

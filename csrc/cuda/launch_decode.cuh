@@ -72,7 +72,7 @@ struct KernelOf;
 // The Hopper few-row configurations have a second kernel that merges a fixed split's pieces in thread-block
 // clusters (cluster_merge.cuh).
 template <class Cfg>
-constexpr bool merges_in_cluster() {
+constexpr bool has_cluster_kernel() {
   using T = typename Cfg::Element;
   if constexpr (sizeof(T) == 2) {
     using C = TensorCoreConfigs<T>;
@@ -107,16 +107,13 @@ namespace detail {
 // launch and write nothing. Asked once per device.
 template <auto kKernel>
 bool compiled_for_sm90(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= kMaxDevices) return false;
-  const int known = state[device].load(std::memory_order_relaxed);
-  if (known != 0) return known == 1;
-  cudaFuncAttributes attr{};
-  const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90;
-  if (!yes) cudaGetLastError();
-  state[device].store(yes ? 1 : 2, std::memory_order_relaxed);
-  return yes;
+  static std::atomic<int> state[kMaxDevices] = {};
+  return remembered_for_device(state, device, [] {
+           cudaFuncAttributes attr{};
+           const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90;
+           if (!yes) cudaGetLastError();
+           return yes ? 1 : 0;
+         }) == 1;
 }
 
 template <class Cfg>
@@ -169,14 +166,10 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
 // once per (kernel, device, cluster size).
 template <class Cfg, auto kKernel>
 bool clusters_keep_residency(int cluster, int64_t ctas, const DeviceInfo& d) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> resident_clusters[kMaxDevices][4] = {};  // cluster sizes 2, 4, 8: clusters + 1 (0: unknown)
-  static std::atomic<int> resident_ctas[kMaxDevices] = {};         // without clusters, + 1
-  int size_index = 0;
-  while ((2 << size_index) < cluster) ++size_index;
-  if (d.device >= kMaxDevices || size_index > 2 || (2 << size_index) != cluster) return false;
-  int clusters = resident_clusters[d.device][size_index].load(std::memory_order_relaxed) - 1;
-  if (clusters < 0) {
+  static std::atomic<int> resident_clusters[3][kMaxDevices] = {};  // clusters of 2, 4, 8 CTAs
+  static std::atomic<int> resident_per_sm[kMaxDevices] = {};       // CTAs per SM without clusters
+  const int size_index = cluster == 2 ? 0 : cluster == 4 ? 1 : 2;
+  const int clusters = remembered_for_device(resident_clusters[size_index], d.device, [cluster] {
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeClusterDimension;
     attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
@@ -186,15 +179,16 @@ bool clusters_keep_residency(int cluster, int64_t ctas, const DeviceInfo& d) {
     config.dynamicSmemBytes = static_cast<size_t>(Cfg::kSmemBytes);
     config.attrs = &attribute;
     config.numAttrs = 1;
-    throw_on_error(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config), "cudaOccupancyMaxActiveClusters");
-    resident_clusters[d.device][size_index].store(clusters + 1, std::memory_order_relaxed);
-  }
-  int per_sm = resident_ctas[d.device].load(std::memory_order_relaxed) - 1;
-  if (per_sm < 0) {
-    throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, Cfg::kSmemBytes),
+    int count = 0;
+    throw_on_error(cudaOccupancyMaxActiveClusters(&count, kKernel, &config), "cudaOccupancyMaxActiveClusters");
+    return count;
+  });
+  const int per_sm = remembered_for_device(resident_per_sm, d.device, [] {
+    int count = 0;
+    throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kKernel, Cfg::kThreads, Cfg::kSmemBytes),
                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    resident_ctas[d.device].store(per_sm + 1, std::memory_order_relaxed);
-  }
+    return count;
+  });
   const int64_t needed = std::min<int64_t>(ctas, static_cast<int64_t>(per_sm) * d.sm_count);
   return static_cast<int64_t>(clusters) * cluster >= needed;
 }
@@ -287,7 +281,7 @@ void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const D
   detail::ensure_shared_memory<Cfg, kernel>(d.device);
   const bool overlap = d.major >= 9 && use_programmatic_launch(p);
   if (!Cfg::kWalksRanges && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
-  if constexpr (merges_in_cluster<Cfg>()) {
+  if constexpr (has_cluster_kernel<Cfg>()) {
     constexpr auto cluster_kernel = decode_dim_split_kernel<Cfg, true>;  // compiled for sm_90 only
     if (merge_in_cluster(p, row_blocks, d) && detail::compiled_for_sm90<cluster_kernel>(d.device)) {
       detail::ensure_shared_memory<Cfg, cluster_kernel>(d.device);

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "../../params.h"
+#include "../device_info.h"
 #include "../device_primitives.cuh"
 #include "../launch_options.h"
 #include "../tile_plan.h"
@@ -46,20 +47,17 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // body without the static shared memory), and the kernel's dynamic shared-memory limit is raised. Once per device.
 template <typename T>
 bool kernel_ready(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 ready, 2 unusable
-  if (device < 0 || device >= kMaxDevices) return false;
-  const int known = state[device].load(std::memory_order_relaxed);
-  if (known != 0) return known == 1;
-  const auto kernel = sm90::decode_sm90_kernel<T>;
-  cudaFuncAttributes attr{};
-  bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
-               attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
-  ready = ready && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Tile::kSmemBytes) ==
-                       cudaSuccess;
-  if (!ready) cudaGetLastError();
-  state[device].store(ready ? 1 : 2, std::memory_order_relaxed);
-  return ready;
+  static std::atomic<int> state[kMaxDevices] = {};
+  return remembered_for_device(state, device, [] {
+           const auto kernel = sm90::decode_sm90_kernel<T>;
+           cudaFuncAttributes attr{};
+           bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
+                        attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
+           ready = ready && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 Sm90Tile::kSmemBytes) == cudaSuccess;
+           if (!ready) cudaGetLastError();
+           return ready ? 1 : 0;
+         }) == 1;
 }
 
 inline bool aligned16(const void* ptr) {
