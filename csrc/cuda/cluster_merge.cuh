@@ -60,6 +60,7 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using B = ClusterMergeBuffer<kRowTile>;
   static_assert(kRowTile <= kThreads, "a thread per row weighs the splits");
+  static_assert(kSplits <= kMaxClusterSplits && kHeadDim % (4 * kSplits) == 0, "each CTA merges whole 4-column groups");
   const uint32_t rank = cluster_cta_rank();
   const uint32_t base = smem_u32(buffer);
   const int tid = static_cast<int>(threadIdx.x);
@@ -69,17 +70,17 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
   cluster_barrier();  // every CTA's rows and lse are staged
 
   if (tid < kRowTile) {
-    float lse[kMaxClusterSplits];
+    float lse[kSplits];
     float m = kNegInf;
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      lse[s] = s < kSplits ? load_cluster_f32(cluster_shared_address(base + B::kLseOffset + 4 * tid, s)) : kNegInf;
+    for (int s = 0; s < kSplits; ++s) {
+      lse[s] = load_cluster_f32(cluster_shared_address(base + B::kLseOffset + 4 * tid, s));
       m = max_keep_nan(m, lse[s]);
     }
     float sum = 0.f;
     uint32_t used = 0;
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
+    for (int s = 0; s < kSplits; ++s) {
       // An empty split's weight is 0 and its values are never used (selected away, not multiplied by 0).
       const bool saw_key = m != kNegInf && lse[s] != kNegInf;
       const float weight = saw_key ? expf(lse[s] - m) : 0.f;
@@ -104,16 +105,14 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
     const int r = w.row_begin + row_local;
     if (r >= w.rows) continue;
     const uint32_t addr = base + (row_local * B::kStride + col) * 4;
-    float4 v[kMaxClusterSplits];
+    float4 v[kSplits];
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s < kSplits) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
-    }
+    for (int s = 0; s < kSplits; ++s) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
     const uint32_t used = used_splits[row_local];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s < kSplits && ((used >> s) & 1u)) {
+    for (int s = 0; s < kSplits; ++s) {
+      if ((used >> s) & 1u) {
         const float ws = weights[row_local * kMaxClusterSplits + s];
         acc.x += ws * v[s].x;
         acc.y += ws * v[s].y;
