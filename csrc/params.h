@@ -73,10 +73,6 @@ struct DecodeParams {
   // index them by slot instead: out_partial [W, S_q * H, D], lse_partial [W, S_q * H].
   float* out_partial;  // [B, S_q * H, num_splits, D]
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
-
-  // Set by the CUDA launcher: > 1 when the few-row kernel merges a fixed split's num_splits pieces inside clusters of
-  // that many CTAs (no partials written, no combine kernel).
-  int cluster_merge_splits = 0;
 };
 
 // CTAs per block of query rows: one per (sequence, split), per balanced range, or per (possibly spare) work item.

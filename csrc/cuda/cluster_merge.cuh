@@ -130,9 +130,10 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
 #endif
 }
 
+// The launcher puts a fixed split's num_splits (2, 4 or 8) pieces in each cluster.
 template <typename T, int kRowTile, int kThreads>
 __device__ __forceinline__ void merge_staged_rows(const DecodeParams& p, const CtaWork& w, uint8_t* buffer) {
-  switch (p.cluster_merge_splits) {
+  switch (p.num_splits) {
     case 2: merge_staged_rows_of<T, kRowTile, kThreads, 2>(p, w, buffer); break;
     case 4: merge_staged_rows_of<T, kRowTile, kThreads, 4>(p, w, buffer); break;
     default: merge_staged_rows_of<T, kRowTile, kThreads, kMaxClusterSplits>(p, w, buffer); break;

@@ -125,12 +125,12 @@ bool fits(const DeviceInfo& d) {
 // cudaFuncSetAttribute once per (kernel, device); repeating it from racing threads is harmless.
 template <class Cfg, auto kKernel>
 void ensure_shared_memory(int device) {
-  static std::atomic<uint64_t> done{0};
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
-  throw_on_error(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
-                 "cudaFuncSetAttribute(max dynamic shared memory)");
-  done.fetch_or(bit, std::memory_order_relaxed);
+  static std::atomic<int> done[kMaxDevices] = {};
+  remembered_for_device(done, device, [] {
+    throw_on_error(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+                   "cudaFuncSetAttribute(max dynamic shared memory)");
+    return 1;
+  });
 }
 
 // Launches kernel(p). With `overlap` (sm_90+), programmatic dependent launch lets its CTAs start while the previous
@@ -286,7 +286,6 @@ void launch_decode_with(const DecodeParams& params, cudaStream_t stream, const D
     if (merge_in_cluster(p, row_blocks, d) && detail::compiled_for_sm90<cluster_kernel>(d.device)) {
       detail::ensure_shared_memory<Cfg, cluster_kernel>(d.device);
       if (detail::clusters_keep_residency<Cfg, cluster_kernel>(p.num_splits, ctas, d)) {
-        p.cluster_merge_splits = p.num_splits;
         detail::launch_overlapped(cluster_kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads),
                                   Cfg::kSmemBytes, stream, overlap, p, "mla decode main kernel launch", p.num_splits);
         count_launch(KernelPath::kClusterMerge);
