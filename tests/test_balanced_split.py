@@ -83,6 +83,35 @@ def test_more_sequences_than_combine_threads(dtype, num_heads, uniform, gen):
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
 
 
+@requires_cuda
+@pytest.mark.parametrize(
+    "batch,length",
+    [(2, 33), (3, 0), (16, 3841), (16, 4000), (40, 777), (528, 40)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("num_heads,seqlen_q,causal", [(16, 1, False), (8, 2, True)], ids=["h16", "h8-sq2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_equal_lengths_on_whole_pieces(dtype, num_heads, seqlen_q, causal, batch, length, gen):
+    """Every sequence of the same length: on CUDA the few-row plan cuts each sequence into equal pieces, one per range,
+    its set-up positions padding it to whole ranges (up to one wave of sequences), or puts m whole sequences in a
+    range (more), so no range starts a second sequence. Cases the whole-piece line takes (a last piece of one key,
+    pieces of unequal length, more sequences than ranges: two per range, four for fp32's one CTA per SM) and ones it
+    leaves to the general line (short and empty sequences, whose line is mostly set-up)."""
+    problem = make_problem(
+        gen,
+        device="cuda",
+        dtype=dtype,
+        lens=[length] * batch,
+        num_heads=num_heads,
+        seqlen_q=seqlen_q,
+        causal=causal,
+        page_size=64,
+    )
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"{batch} sequences of {length} keys")
+
+
 @pytest.mark.parametrize(
     "num_heads,page_size",
     [(16, 64), (24, 16), (128, 64), (128, 16)],
