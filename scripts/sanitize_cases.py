@@ -177,13 +177,17 @@ def full_matrix() -> list[Case]:
 
 def cluster_merge_cases() -> list[Case]:
     """Fixed splits of 2, 4 and 8 pieces on the few-row kernel, which Hopper merges in thread-block clusters through
-    distributed shared memory (capacities 100, 8 pages of 16 and 250 keys)."""
+    distributed shared memory (capacities 100, 8 pages of 16 and 250 keys), and 2 pieces on the sm_90a kernel (over
+    16 rows)."""
     return [
         Case("dim-split-few-rows-bf16-cluster-merge-2", lens=[100, 37], num_heads=16, kv_len_per_split=64),
         Case("dim-split-few-rows-fp16-cluster-merge-4-page16", dtype="fp16", lens=[112, 3], num_heads=8,
              page_size=16, kv_len_per_split=32),  # fmt: skip
         Case("dim-split-few-rows-bf16-cluster-merge-8-Sq2", lens=[250, 0], num_heads=8, seqlen_q=2, causal=True,
              kv_len_per_split=32),  # fmt: skip
+        Case("sm90-bf16-H128-cluster-merge-2", lens=[250, 0, 65], num_heads=128, kv_len_per_split=128),
+        Case("sm90-fp16-H32-cluster-merge-2-page64", dtype="fp16", lens=[190, 3], num_heads=32, page_size=64,
+             kv_len_per_split=128),  # fmt: skip
     ]
 
 

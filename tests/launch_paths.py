@@ -13,7 +13,8 @@ import torch
 
 import mla_ext
 
-# CLUSTER_MERGE counts portable launches whose fixed split merged in thread-block clusters (no combine kernel).
+# CLUSTER_MERGE counts launches (besides their PORTABLE or SM90 count) whose fixed split merged in thread-block
+# clusters, without the combine kernel.
 PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE = 0, 1, 2, 3
 
 

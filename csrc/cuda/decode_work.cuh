@@ -47,15 +47,28 @@ struct CtaWorkList {
   bool done;  // one-piece lists: the piece was handed out
 };
 
-// Called by every thread of the CTA (balanced splits need whole warps).
-template <int kRowTile, bool kWalksRanges>
+// Called by every thread of the CTA (balanced splits need whole warps). kClustered (fixed splits launched in
+// thread-block clusters of c CTAs, sm_90+): each cluster holds c consecutive splits of one (sequence, row block), CTA
+// rank = split % c, and the clusters follow the grid order above.
+template <int kRowTile, bool kWalksRanges, bool kClustered = false>
 __device__ __forceinline__ CtaWorkList cta_work_list(const DecodeParams& p) {
   CtaWorkList list;
   const int rows = p.seqlen_q * p.num_heads;
   const int row_blocks = (rows + kRowTile - 1) / kRowTile;
   const int index = static_cast<int>(blockIdx.x);
-  list.row_begin = (index % row_blocks) * kRowTile;
-  list.index = index / row_blocks;
+  if constexpr (kClustered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int c = static_cast<int>(cluster_num_ctas());
+    const int cluster = index / c;
+    list.row_begin = (cluster % row_blocks) * kRowTile;
+    list.index = cluster / row_blocks * c + (index - cluster * c);
+#else
+    __trap();  // clusters are launched on sm_90+ only
+#endif
+  } else {
+    list.row_begin = (index % row_blocks) * kRowTile;
+    list.index = index / row_blocks;
+  }
   list.done = false;
   if constexpr (kWalksRanges) {
     if (p.balanced_target > 0) list.cursor = range_start(p, list.index);
@@ -130,9 +143,9 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
 }
 
 // The one piece of work of a CTA of the many-row kernels (a (sequence, split) pair or a balanced work item).
-template <int kRowTile, int kKeyTile>
+template <int kRowTile, int kKeyTile, bool kClustered = false>
 __device__ __forceinline__ CtaWork single_cta_work(const DecodeParams& p) {
-  CtaWorkList list = cta_work_list<kRowTile, false>(p);
+  CtaWorkList list = cta_work_list<kRowTile, false, kClustered>(p);
   CtaWork w;
   next_cta_work<kRowTile, kKeyTile, false>(p, list, w, threadIdx.x == 0);
   return w;

@@ -228,6 +228,11 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   return rank;
 }
+__device__ __forceinline__ uint32_t cluster_num_ctas() {
+  uint32_t count;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(count));
+  return count;
+}
 // Every thread of every CTA of the cluster; shared-memory writes before it are visible to the others' reads after.
 __device__ __forceinline__ void cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");

@@ -14,7 +14,7 @@ enum class KernelPath : int {
   kPortable = 0,        // the portable main kernels (mma.sync for fp16/bf16; fp32 on the CUDA cores)
   kSm90 = 1,            // the Hopper wgmma + TMA main kernel
   kFp32TensorCore = 2,  // fp32 as 3xTF32 on the tensor cores
-  kClusterMerge = 3,    // (besides kPortable) a fixed split merged in thread-block clusters, without the combine
+  kClusterMerge = 3,    // (besides kPortable or kSm90) a fixed split merged in thread-block clusters
   kCount = 4,
 };
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "../params.h"
+#include "cluster_residency.h"
 #include "combine_kernel.cuh"
 #include "decode_kernel_dim_split.cuh"
 #include "decode_kernel_key_split.cuh"
@@ -160,39 +161,6 @@ void launch_overlapped(void (*kernel)(Params), dim3 grid, dim3 block, int smem_b
   throw_on_error(cudaLaunchKernelEx(&config, kernel, p), what);
 }
 
-// Whether clusters of `cluster` CTAs of kKernel keep as many CTAs resident as the grid would have without them (a
-// lone grid must stay one wave): the CTAs of a cluster share a GPC, which may leave some of its SMs without one (on
-// the H200, 15 clusters of 8 lone CTAs fit, not 16, and 62 of 4 CTAs two per SM, not 64: perf-notes v45). Asked
-// once per (kernel, device, cluster size).
-template <class Cfg, auto kKernel>
-bool clusters_keep_residency(int cluster, int64_t ctas, const DeviceInfo& d) {
-  static std::atomic<int> resident_clusters[3][kMaxDevices] = {};  // clusters of 2, 4, 8 CTAs
-  static std::atomic<int> resident_per_sm[kMaxDevices] = {};       // CTAs per SM without clusters
-  const int size_index = cluster == 2 ? 0 : cluster == 4 ? 1 : 2;
-  const int clusters = remembered_for_device(resident_clusters[size_index], d.device, [cluster] {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(cluster));
-    config.blockDim = dim3(Cfg::kThreads);
-    config.dynamicSmemBytes = static_cast<size_t>(Cfg::kSmemBytes);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int count = 0;
-    throw_on_error(cudaOccupancyMaxActiveClusters(&count, kKernel, &config), "cudaOccupancyMaxActiveClusters");
-    return count;
-  });
-  const int per_sm = remembered_for_device(resident_per_sm, d.device, [] {
-    int count = 0;
-    throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kKernel, Cfg::kThreads, Cfg::kSmemBytes),
-                   "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    return count;
-  });
-  const int64_t needed = std::min<int64_t>(ctas, static_cast<int64_t>(per_sm) * d.sm_count);
-  return static_cast<int64_t>(clusters) * cluster >= needed;
-}
-
 template <typename T>
 void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, int sm_count) {
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
@@ -251,7 +219,6 @@ void launch_combine(const DecodeParams& p, cudaStream_t stream, bool overlap, in
 // rank = piece), on sm_90+. The merge saves the combine's launch and the partials' round trip, a few us per call;
 // the cluster kernel's loop runs ~1 % slower (its registers are laid out around the merge), so long pieces lose
 // more than the merge saves (perf-notes v45).
-constexpr int kClusterMergeMaxKeys = 2048;
 inline bool merge_in_cluster(const DecodeParams& p, int64_t row_blocks, const DeviceInfo& d) {
   const bool pieces_fit = p.num_splits == 2 || p.num_splits == 4 || p.num_splits == kMaxClusterSplits;
   return d.major >= 9 && p.balanced_target == 0 && pieces_fit && p.kv_len_per_split <= kClusterMergeMaxKeys &&
@@ -326,10 +293,14 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
     // Hopper: the wgmma + TMA kernel where it supports the problem (over 16 rows per sequence), else the portable one.
-    if (sm90_kernel_enabled(d.major) && launch_decode_sm90<dtype>(p, stream, d.device)) {
+    const Sm90Launch sm90 = sm90_kernel_enabled(d.major) ? launch_decode_sm90<dtype>(p, stream, d) : Sm90Launch{};
+    if (sm90.launched) {
       count_launch(KernelPath::kSm90);
-      if (p.num_splits > 1 || p.balanced_target > 0)
+      if (sm90.merged_in_cluster) {
+        count_launch(KernelPath::kClusterMerge);
+      } else if (p.num_splits > 1 || p.balanced_target > 0) {
         detail::launch_combine<T>(p, stream, use_programmatic_launch(p), d.sm_count);
+      }
       return;
     }
     using C = TensorCoreConfigs<T>;

@@ -12,8 +12,10 @@
 #include <cstdint>
 
 #include "../../params.h"
+#include "../cluster_merge.cuh"
 #include "../decode_work.cuh"
 #include "../device_primitives.cuh"
+#include "wgmma.cuh"
 
 namespace mla::cuda::sm90 {
 
@@ -70,6 +72,8 @@ struct Sm90Tile {
   static_assert(kStages == 2 && kHalves == 2, "tiles go in pairs, one per consumer warpgroup");
   static_assert(kPBlock + 1 == kBlocks, "8 latent blocks, then k_pe");
   static_assert(kSmemBytes + kStaticSmemBytes <= 232448, "fits Hopper's 227 KB per block");
+  static_assert(ClusterMergeBuffer<kRowTile>::kBytes <= kKvOffset + kStages * kTileBytes,
+                "a cluster merge stages the rows over Q and the KV stages");
   static_assert(kConsumerRegs * kConsumerThreads + kProducerRegs * 128 <= 65536, "register file");
 };
 
@@ -131,6 +135,39 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const CtaWork&
     write_row_result<T, 32>(p, w, r, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
                             [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
   }
+}
+
+// Epilogue of the kernel launched in clusters of a (sequence, row block)'s two pieces (cluster_merge.cuh), by the 256
+// consumer threads: the rows, normalised, staged over Q and the KV stages (free once both warpgroups' last products
+// are complete), then merged with the other piece's into the output. The producer warpgroup joins the merge's
+// cluster barriers.
+template <typename T>
+__device__ __forceinline__ void merge_rows_in_cluster(const DecodeParams& p, const CtaWork& w, const float (&acc)[128],
+                                                      const float (&row_max)[2], float (&row_sum)[2],
+                                                      float (*red_sum)[64], int cw, int warp_row, int lane,
+                                                      uint8_t* buffer) {
+  using C = Sm90Tile;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
+  }
+  fence_proxy_async();  // this thread's stores below follow the wgmma reads of the same bytes
+  named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order, as write_rows
+    stage_row_for_merge<C::kRowTile, 32>(
+        buffer, warp_row + 8 * h, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
+        [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
+  }
+  // A thread merges 16 units (4 columns of a row; the CTA merges 256 columns of 64 rows): their remote loads go out 4
+  // units at a time, 4 round trips instead of 16.
+  constexpr int kBatch = 4;
+  const int consumer_thread = cw * 128 + (static_cast<int>(threadIdx.x) & 127);
+  merge_staged_rows_of<T, C::kRowTile, C::kConsumerThreads, kSm90ClusterPieces, kBatch>(
+      p, w, buffer, consumer_thread, [] { named_barrier(C::kConsumerBarrier, C::kConsumerThreads); });
 }
 
 #endif  // sm_90a

@@ -322,7 +322,7 @@ __device__ __forceinline__ void other_tile(int tile, bool loaded, int warp_row, 
   }
 }
 
-template <typename T>
+template <typename T, bool kMergeInCluster>
 __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWork& w, uint8_t* smem, uint32_t base,
                                               uint32_t full_bar, uint32_t empty_bar, float (*published)[64],
                                               float (*red_sum)[64]) {
@@ -414,14 +414,20 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   // After an odd count both warpgroups left the loop before freeing their half of the last tile (n - 1, even).
   if (n & 1) release_half(empty_bar, n - 1, cw, lane);
 
-  write_rows<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane);
+  if constexpr (kMergeInCluster) {
+    merge_rows_in_cluster<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane, smem + C::kQOffset);
+  } else {
+    write_rows<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane);
+  }
 }
 
 }  // namespace detail
 
 #endif  // sm_90a
 
-template <typename T>
+// kMergeInCluster: launched in clusters of a (sequence, row block)'s two pieces, which merge there
+// (cluster_merge.cuh); its own kernel, so that the merge's code does not reshape the usual kernel's loop.
+template <typename T, bool kMergeInCluster = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
                        const __grid_constant__ CUtensorMap k_pe_map) {
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
 
   wait_for_previous_grid();  // launched with programmatic dependent launch: inputs may come from the kernel before
   allow_next_grid_launch();
-  const CtaWork w = single_cta_work<C::kRowTile, C::kKeyTile>(p);
+  const CtaWork w = single_cta_work<C::kRowTile, C::kKeyTile, kMergeInCluster>(p);
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int b = 0; b < C::kStages * C::kParts; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)
@@ -451,9 +457,10 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
+    if constexpr (kMergeInCluster) join_cluster_merge();
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    detail::consume_tiles<T>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
+    detail::consume_tiles<T, kMergeInCluster>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
   }
 #endif
 }

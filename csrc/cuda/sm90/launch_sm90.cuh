@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "../../params.h"
+#include "../cluster_residency.h"
 #include "../device_info.h"
 #include "../device_primitives.cuh"
 #include "../launch_options.h"
@@ -45,11 +46,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // Whether this build holds the kernel's sm_90a code for `device` (an sm_80 or PTX-only build compiles an empty
 // body without the static shared memory), and the kernel's dynamic shared-memory limit is raised. Once per device.
-template <typename T>
+template <typename T, bool kMergeInCluster>
 bool kernel_ready(int device) {
   static std::atomic<int> state[kMaxDevices] = {};
   return remembered_for_device(state, device, [] {
-           const auto kernel = sm90::decode_sm90_kernel<T>;
+           const auto kernel = sm90::decode_sm90_kernel<T, kMergeInCluster>;
            cudaFuncAttributes attr{};
            bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
                         attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
@@ -106,44 +107,65 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
   return result == CUDA_SUCCESS;
 }
 
+// A fixed split of two pieces of at most kClusterMergeMaxKeys keys runs as clusters of a (sequence, row block)'s two
+// pieces, which merge through distributed shared memory instead of the combine kernel, where the clusters keep the
+// grid resident. Measured (perf-notes v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 1.1-5.0 at 4K;
+// longer pieces, and more pieces per sequence (clusters of 4 or 8, or clusters writing partials for the combine),
+// slower or level.
+template <typename T>
+bool merge_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
+  return p.balanced_target == 0 && p.num_splits == kSm90ClusterPieces && p.kv_len_per_split <= kClusterMergeMaxKeys &&
+         kernel_ready<T, true>(d.device) &&
+         detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
+}
+
 }  // namespace sm90_detail
 
 template <DType dtype>
-bool launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, int device) {
+Sm90Launch launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
-  if (!sm90_detail::supports(p)) return false;
-  if (!sm90_detail::kernel_ready<T>(device)) return false;
+  if (!sm90_detail::supports(p)) return {};
+  if (!sm90_detail::kernel_ready<T, false>(d.device)) return {};
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);
-  if (p.batch == 0 || ctas > INT_MAX) return false;
+  if (p.batch == 0 || ctas > INT_MAX) return {};
 
   CUtensorMap kv_map, k_pe_map;
   if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, C::kHalfBlocks, p.kv_row_stride, p.kv_page_stride,
                                         p) ||
       !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
-    return false;
+    return {};
   }
+  const bool clustered = sm90_detail::merge_in_cluster<T>(p, ctas, d);
   // Programmatic dependent launch for small calls: the CTAs may start while the previous kernel on the stream drains
   // (the kernel waits before reading memory), which hides the launch gap.
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
+  const bool use_overlap = use_programmatic_launch(p);
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (use_overlap) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (clustered) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {static_cast<unsigned>(kSm90ClusterPieces), 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = C::kSmemBytes;
   config.stream = stream;
-  const bool use_overlap = use_programmatic_launch(p);
-  config.attrs = use_overlap ? &overlap : nullptr;
-  config.numAttrs = use_overlap ? 1 : 0;
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
-  const cudaError_t err = cudaLaunchKernelEx(&config, sm90::decode_sm90_kernel<T>, p, kv_map, k_pe_map);
+  const auto kernel = clustered ? sm90::decode_sm90_kernel<T, true> : sm90::decode_sm90_kernel<T, false>;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, kv_map, k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
   }
-  return true;
+  return Sm90Launch{true, clustered};
 }
 
 }  // namespace mla::cuda

@@ -6,15 +6,22 @@
 
 #include "../../env_switch.h"
 #include "../../params.h"
+#include "../device_info.h"
 
 namespace mla::cuda {
 
+// What launch_decode_sm90 did: nothing (launched false: the caller runs the portable kernel), or the main kernel,
+// which merged a fixed split of two pieces in thread-block clusters (merged_in_cluster: no combine kernel needed).
+struct Sm90Launch {
+  bool launched = false;
+  bool merged_in_cluster = false;
+};
+
 // Launches the sm_90a main kernel (not the split combine) when it supports the problem and this build holds its
-// sm_90a code; returns false without launching otherwise (the caller then runs the portable kernel). Supported:
-// S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, splits that start on 64-key boundaries,
-// 16-byte aligned cache pointers and strides. Callers ask sm90_kernel_enabled first.
+// sm_90a code. Supported: S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, splits that start on
+// 64-key boundaries, 16-byte aligned cache pointers and strides. Callers ask sm90_kernel_enabled first.
 template <DType dtype>
-bool launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, int device);
+Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& device);
 
 // Whether a device of compute capability major.x runs this kernel where it supports a call: sm_90 devices unless
 // MLA_EXT_DISABLE_SM90 is set (read once). The launcher and the split planners both go by it.

@@ -2,5 +2,5 @@
 #include "../launch_sm90.cuh"
 
 namespace mla::cuda {
-template bool launch_decode_sm90<DType::kFloat16>(const DecodeParams&, cudaStream_t, int);
+template Sm90Launch launch_decode_sm90<DType::kFloat16>(const DecodeParams&, cudaStream_t, const DeviceInfo&);
 }  // namespace mla::cuda
