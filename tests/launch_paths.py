@@ -25,7 +25,8 @@ def _is_hopper():
     return "9.0a" in archs or "9.0a+PTX" in archs
 
 
-requires_hopper = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 device and a build with 9.0a")
+HOPPER = _is_hopper()
+requires_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 device and a build with 9.0a")
 
 
 def launch_counts():

@@ -6,12 +6,49 @@ import pytest
 import torch
 from axes import requires_cuda
 from checks import assert_matches_reference
+from launch_paths import CLUSTER_MERGE, HOPPER, SM90, launches_during
 from make_inputs import empty_outputs_like, make_problem
 from reference import decode_reference
 
 CAPACITY = 320
 # Lengths per replay: shrink, grow, hit 0 and 1, fill the capacity.
 REPLAY_LENS = [[200, 150, 64, 5], [1, 0, 300, 64], [0, 0, 0, 0], [1, 1, 1, 1], [320, 2, 17, 0], [77, 320, 1, 319]]
+
+
+def check_replays(problem, kv_len_per_split):
+    """Captures decode_out once, then replays it over REPLAY_LENS (and, paged, rotated block tables); every replay
+    must match the float64 reference. Returns the launches per path made while capturing."""
+    out, lse = empty_outputs_like(problem.q)
+    kwargs = problem.kwargs(kv_len_per_split=kv_len_per_split, out=out, lse=lse)
+
+    def step():
+        torch.ops.mla.decode_out(*problem.args(), **kwargs)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+
+    def capture_step():
+        with torch.cuda.graph(graph):
+            step()
+
+    _, launched = launches_during(capture_step)
+
+    original_table = None if problem.block_table is None else problem.block_table.clone()
+    for replay, lens in enumerate(REPLAY_LENS):
+        problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        if original_table is not None:  # hand each sequence another sequence's pages (rows rotated by `replay`)
+            problem.block_table.copy_(original_table.roll(replay, dims=0))
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+        assert_matches_reference(out, lse, ref_out, ref_lse, problem.q.dtype, f"replay {replay} lens {lens}")
+    return launched
 
 
 @requires_cuda
@@ -31,32 +68,27 @@ def test_graph_replay_follows_lengths_and_pages(page_size, kv_len_per_split, gen
         dense_seq_lens=True,
         spare_slots=0,
     )
-    out, lse = empty_outputs_like(problem.q)
-    kwargs = problem.kwargs(kv_len_per_split=kv_len_per_split, out=out, lse=lse)
+    check_replays(problem, kv_len_per_split)
 
-    def step():
-        torch.ops.mla.decode_out(*problem.args(), **kwargs)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-
-    original_table = None if page_size is None else problem.block_table.clone()
-    for replay, lens in enumerate(REPLAY_LENS):
-        problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        if page_size is not None:  # hand each sequence another sequence's pages (rows rotated by `replay`)
-            problem.block_table.copy_(original_table.roll(replay, dims=0))
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
-        assert_matches_reference(out, lse, ref_out, ref_lse, torch.bfloat16, f"replay {replay} lens {lens}")
+@requires_cuda
+@pytest.mark.parametrize("page_size", [None, 64], ids=["dense", "paged64"])
+def test_graph_replay_of_two_pieces_at_128_heads(page_size, gen):
+    """H = 128 split in 2 pieces (192 + 128 keys): on Hopper the sm_90a kernel's pieces merge in thread-block clusters,
+    captured in the graph."""
+    problem = make_problem(
+        gen,
+        device="cuda",
+        dtype=torch.bfloat16,
+        lens=[CAPACITY] * 4,
+        num_heads=128,
+        page_size=page_size,
+        dense_seq_lens=True,
+        spare_slots=0,
+    )
+    launched = check_replays(problem, 192)
+    if HOPPER:
+        assert launched[SM90] == 1 and launched[CLUSTER_MERGE] == 1, f"launches per path {launched}"
 
 
 def capture(step):
