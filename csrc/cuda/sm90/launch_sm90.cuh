@@ -109,7 +109,7 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
 
 // A fixed split of two pieces of at most kClusterMergeMaxKeys keys runs as clusters of a (sequence, row block)'s two
 // pieces, which merge through distributed shared memory instead of the combine kernel, where the clusters keep the
-// grid resident. Measured (perf-notes v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 1.1-5.0 at 4K;
+// grid resident. Measured (perf-notes v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 0.9-5.0 at 4K;
 // longer pieces, and more pieces per sequence (clusters of 4 or 8, or clusters writing partials for the combine),
 // slower or level.
 template <typename T>
