@@ -10,6 +10,8 @@ import sys
 
 import pytest
 import torch
+from checks import assert_matches_reference, decode_all_ways
+from reference import decode_reference
 
 import mla_ext
 
@@ -56,3 +58,18 @@ def run_fresh_process(script, **env):
 
 def counts_from_line(line):
     return [int(c) for c in line.strip("[]").split(",")]
+
+
+def check_on_path(problem, kv_len_per_split, path, what, merged=None):
+    """Decodes the problem the three ways of checks.decode_all_ways; each time the main kernel `path` (PORTABLE or
+    SM90) runs and the other never, and with `merged` set the fixed split merges in clusters each time (True) or never
+    (False). Then checks the float64 reference. Returns (out, lse)."""
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=kv_len_per_split))
+    calls = 3
+    other = PORTABLE if path == SM90 else SM90
+    assert launched[path] == calls and launched[other] == 0, f"{what}: launches per path {launched}"
+    if merged is not None:
+        assert launched[CLUSTER_MERGE] == (calls if merged else 0), f"{what}: launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, problem.q.dtype, what)
+    return out, lse

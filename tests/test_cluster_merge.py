@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import pytest
 from axes import DTYPE_IDS, DTYPES_16
-from checks import assert_matches_reference, assert_repeatable, decode_all_ways
-from launch_paths import CLUSTER_MERGE, PORTABLE, launches_during, requires_hopper
+from checks import assert_repeatable
+from launch_paths import PORTABLE, check_on_path, requires_hopper
 from make_inputs import make_problem
-from reference import decode_reference
 
 CAPACITY = 1024
 # Full, odd, empty, one key, only the first piece, nearly full.
 LENS = [1024, 517, 0, 1, 33, 1000]
-
-
-def check(problem, dtype, kv_len_per_split, merged, what):
-    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=kv_len_per_split))
-    calls = 3  # decode_all_ways calls the op three ways
-    assert launched[PORTABLE] == calls, f"{what}: launches per path {launched}"
-    assert launched[CLUSTER_MERGE] == (calls if merged else 0), f"{what}: launches per path {launched}"
-    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
-    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what)
 
 
 @requires_hopper
@@ -33,7 +23,7 @@ def check(problem, dtype, kv_len_per_split, merged, what):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_pieces_merge_in_cluster(dtype, num_heads, pieces, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=num_heads)
-    check(problem, dtype, CAPACITY // pieces, True, f"{pieces} pieces, {num_heads} heads")
+    check_on_path(problem, CAPACITY // pieces, PORTABLE, merged=True, what=f"{pieces} pieces, {num_heads} heads")
 
 
 @requires_hopper
@@ -42,7 +32,7 @@ def test_wide_grid_merges_in_cluster(dtype, gen):
     """36 sequences of 4 pieces: 144 CTAs, more than one per SM, so the two-CTAs-per-SM configuration runs."""
     lens = LENS * 6
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=16)
-    check(problem, dtype, CAPACITY // 4, True, "wide grid, 4 pieces")
+    check_on_path(problem, CAPACITY // 4, PORTABLE, merged=True, what="wide grid, 4 pieces")
 
 
 @requires_hopper
@@ -51,7 +41,7 @@ def test_causal_two_tokens_merge_in_cluster(dtype, gen):
     """S_q = 2, H = 8: 16 rows whose key limits differ by one; the last key of a row may open a piece."""
     lens = [1024, 65, 257, 256, 1]
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=8, seqlen_q=2, causal=True)
-    check(problem, dtype, CAPACITY // 4, True, "causal S_q = 2, 4 pieces")
+    check_on_path(problem, CAPACITY // 4, PORTABLE, merged=True, what="causal S_q = 2, 4 pieces")
 
 
 @requires_hopper
@@ -63,7 +53,7 @@ def test_hidden_pages_merge_in_cluster(dtype, gen):
     assert problem.block_table.shape[1] * 32 == CAPACITY
     for b, page in [(0, 0), (0, 4), (0, 5), (0, 6), (0, 7), (0, 30), (1, 1), (2, 0), (2, 1)]:
         problem.block_table[b, page] = -1
-    check(problem, dtype, CAPACITY // 8, True, "hidden pages, 8 pieces")
+    check_on_path(problem, CAPACITY // 8, PORTABLE, merged=True, what="hidden pages, 8 pieces")
 
 
 @requires_hopper
@@ -71,7 +61,7 @@ def test_hidden_pages_merge_in_cluster(dtype, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_other_piece_counts_use_the_combine(dtype, kv_len_per_split, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=16)
-    check(problem, dtype, kv_len_per_split, False, f"split {kv_len_per_split}")
+    check_on_path(problem, kv_len_per_split, PORTABLE, merged=False, what=f"split {kv_len_per_split}")
 
 
 @requires_hopper
@@ -79,7 +69,7 @@ def test_other_piece_counts_use_the_combine(dtype, kv_len_per_split, gen):
 def test_long_pieces_use_the_combine(dtype, gen):
     """Two pieces of 4096 keys: longer than the cluster merge takes (kClusterMergeMaxKeys)."""
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[8192, 5000, 4097], num_heads=16)
-    check(problem, dtype, 4096, False, "two pieces of 4096 keys")
+    check_on_path(problem, 4096, PORTABLE, merged=False, what="two pieces of 4096 keys")
 
 
 @requires_hopper

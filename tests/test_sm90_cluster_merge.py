@@ -8,22 +8,12 @@ from __future__ import annotations
 
 import pytest
 from axes import DTYPE_IDS, DTYPES_16
-from checks import assert_matches_reference, assert_repeatable, decode_all_ways
-from launch_paths import CLUSTER_MERGE, PORTABLE, SM90, launches_during, requires_hopper
+from checks import assert_repeatable
+from launch_paths import SM90, check_on_path, requires_hopper
 from make_inputs import make_problem
-from reference import decode_reference
 
 # Full, odd, empty, one key, only the first piece, nearly full (capacity 1024).
 LENS = [1024, 517, 0, 1, 65, 1000]
-
-
-def check(problem, dtype, kv_len_per_split, merged, what):
-    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=kv_len_per_split))
-    calls = 3  # decode_all_ways calls the op three ways
-    assert launched[SM90] == calls and launched[PORTABLE] == 0, f"{what}: launches per path {launched}"
-    assert launched[CLUSTER_MERGE] == (calls if merged else 0), f"{what}: launches per path {launched}"
-    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
-    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, what)
 
 
 @requires_hopper
@@ -31,7 +21,7 @@ def check(problem, dtype, kv_len_per_split, merged, what):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_two_pieces_merge_in_clusters(dtype, num_heads, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=num_heads)
-    check(problem, dtype, 512, True, f"2 pieces, {num_heads} heads")
+    check_on_path(problem, 512, SM90, merged=True, what=f"2 pieces, {num_heads} heads")
 
 
 @requires_hopper
@@ -39,7 +29,7 @@ def test_two_pieces_merge_in_clusters(dtype, num_heads, gen):
 def test_default_split_of_two_pieces_merges(dtype, gen):
     """B = 28, H = 128, S = 1K without seq_lens: the shape-only planner cuts each sequence in two (112 CTAs)."""
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1024] * 28, num_heads=128)
-    check(problem, dtype, None, True, "default split, B = 28")
+    check_on_path(problem, None, SM90, merged=True, what="default split, B = 28")
 
 
 @requires_hopper
@@ -48,7 +38,7 @@ def test_causal_tokens_merge_in_clusters(dtype, gen):
     """S_q = 2, H = 64: two row blocks whose key limits differ by one; the last key of a row may open a piece."""
     lens = [1024, 513, 257, 512, 1]
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=64, seqlen_q=2, causal=True)
-    check(problem, dtype, 512, True, "causal S_q = 2")
+    check_on_path(problem, 512, SM90, merged=True, what="causal S_q = 2")
 
 
 @requires_hopper
@@ -63,7 +53,7 @@ def test_hidden_pages_merge_in_clusters(dtype, cache_layout, gen):
     hidden = [(0, 0), (0, 4), (0, 9), (0, 10), (1, 1)] + [(2, page) for page in range(8)]  # (2, *): piece 0 empty
     for b, page in hidden:
         problem.block_table[b, page] = -1
-    check(problem, dtype, 512, True, f"hidden pages, {cache_layout} cache")
+    check_on_path(problem, 512, SM90, merged=True, what=f"hidden pages, {cache_layout} cache")
 
 
 @requires_hopper
@@ -71,7 +61,7 @@ def test_hidden_pages_merge_in_clusters(dtype, cache_layout, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_more_pieces_use_the_combine(dtype, kv_len_per_split, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=128)
-    check(problem, dtype, kv_len_per_split, False, f"split {kv_len_per_split}")
+    check_on_path(problem, kv_len_per_split, SM90, merged=False, what=f"split {kv_len_per_split}")
 
 
 @requires_hopper
@@ -79,7 +69,7 @@ def test_more_pieces_use_the_combine(dtype, kv_len_per_split, gen):
 def test_long_pieces_use_the_combine(dtype, gen):
     """Two pieces of 4096 keys: longer than the cluster merge takes (kClusterMergeMaxKeys)."""
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[8192, 5000, 4097], num_heads=64)
-    check(problem, dtype, 4096, False, "two pieces of 4096 keys")
+    check_on_path(problem, 4096, SM90, merged=False, what="two pieces of 4096 keys")
 
 
 @requires_hopper

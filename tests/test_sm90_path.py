@@ -11,6 +11,7 @@ from checks import assert_matches_reference, assert_repeatable, decode_all_ways
 from launch_paths import (
     PORTABLE,
     SM90,
+    check_on_path,
     counts_from_line,
     launch_counts,
     launches_during,
@@ -72,11 +73,7 @@ PATH_CASES = SM90_CASES + PORTABLE_CASES
 def test_kernel_path_and_result(dtype, name, options, split, path, gen):
     """The expected kernel runs for each of the three op spellings (and the other never), and matches float64."""
     problem = make_problem(gen, device="cuda", dtype=dtype, **options)
-    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
-    other = PORTABLE if path == SM90 else SM90
-    assert launched[path] == 3 and launched[other] == 0, f"{name}: launches per path {launched}"
-    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
-    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, name)
+    check_on_path(problem, split, path, name)
 
 
 @requires_hopper

@@ -59,6 +59,23 @@ __device__ __forceinline__ void stage_row_for_merge(uint8_t* buffer, int row_loc
   }
 }
 
+// One unit's 4 columns summed over the splits that saw a key (bit s of `used`), weighed by weights[s].
+template <int kSplits>
+__device__ __forceinline__ float4 weigh_splits(const float4 (&v)[kSplits], uint32_t used, const float* weights) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    if ((used >> s) & 1u) {
+      const float ws = weights[s];
+      acc.x += ws * v[s].x;
+      acc.y += ws * v[s].y;
+      acc.z += ws * v[s].z;
+      acc.w += ws * v[s].w;
+    }
+  }
+  return acc;
+}
+
 // Called by kThreads threads of every CTA of the cluster (tid: 0 .. kThreads - 1) once all rows are staged
 // (stage_row_for_merge); cta_sync() is a barrier over those threads of the CTA. The CTA's other threads, if any,
 // must take part in the two cluster barriers (join_cluster_merge). kBatch: units (4 columns of a row) whose remote
@@ -120,18 +137,7 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
       float4 v[kSplits];
 #pragma unroll
       for (int s = 0; s < kSplits; ++s) v[s] = load_cluster_f32x4(cluster_shared_address(addr, s));
-      const uint32_t used = used_splits[row_local];
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int s = 0; s < kSplits; ++s) {
-        if ((used >> s) & 1u) {
-          const float ws = weights[row_local * kMaxClusterSplits + s];
-          acc.x += ws * v[s].x;
-          acc.y += ws * v[s].y;
-          acc.z += ws * v[s].z;
-          acc.w += ws * v[s].w;
-        }
-      }
+      const float4 acc = weigh_splits(v, used_splits[row_local], weights + row_local * kMaxClusterSplits);
       const float inv = inv_sums[row_local];
       store4<T>(static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r) + col, acc.x * inv, acc.y * inv,
                 acc.z * inv, acc.w * inv);
@@ -154,18 +160,7 @@ __device__ __forceinline__ void merge_staged_rows_of(const DecodeParams& p, cons
         const int col = col0 + 4 * (u0 + b * kThreads - row_local * quads);
         const int r = w.row_begin + row_local;
         if (r >= w.rows) continue;
-        const uint32_t used = used_splits[row_local];
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int s = 0; s < kSplits; ++s) {
-          if ((used >> s) & 1u) {
-            const float ws = weights[row_local * kMaxClusterSplits + s];
-            acc.x += ws * v[b][s].x;
-            acc.y += ws * v[b][s].y;
-            acc.z += ws * v[b][s].z;
-            acc.w += ws * v[b][s].w;
-          }
-        }
+        const float4 acc = weigh_splits(v[b], used_splits[row_local], weights + row_local * kMaxClusterSplits);
         const float inv = inv_sums[row_local];
         store4<T>(static_cast<T*>(p.out) + out_row_offset(p, w.batch_index, r) + col, acc.x * inv, acc.y * inv,
                   acc.z * inv, acc.w * inv);

@@ -112,6 +112,21 @@ __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const Cta
   cp_async_wait<0>();
 }
 
+// This thread's shares of its two rows' sums, added over the 4 threads of each row and stored as warpgroup cw's share
+// (red_sum[cw]); both warpgroups' shares are read (row_total) after the consumer barrier.
+__device__ __forceinline__ void publish_row_sums(float (&row_sum)[2], float (*red_sum)[64], int cw, int warp_row,
+                                                 int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
+  }
+}
+__device__ __forceinline__ float row_total(const float (*red_sum)[64], int row) {
+  return red_sum[0][row] + red_sum[1][row];  // fixed order: deterministic
+}
+
 // Epilogue. Consumer warpgroup cw holds output columns [256 cw, +256) of rows warp_row and warp_row + 8 (acc,
 // against row_max) and its share of the row sums; the shares are added in a fixed order (deterministic), then each
 // row is written as out + lse (one split) or fp32 partials.
@@ -120,18 +135,13 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const CtaWork&
                                            const float (&row_max)[2], float (&row_sum)[2], float (*red_sum)[64], int cw,
                                            int warp_row, int lane) {
   using C = Sm90Tile;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
-  }
+  publish_row_sums(row_sum, red_sum, cw, warp_row, lane);
   named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = w.row_begin + warp_row + 8 * h;
     if (r >= w.rows) continue;
-    const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order: deterministic
+    const float l = row_total(red_sum, warp_row + 8 * h);
     write_row_result<T, 32>(p, w, r, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
                             [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
   }
@@ -147,17 +157,12 @@ __device__ __forceinline__ void merge_rows_in_cluster(const DecodeParams& p, con
                                                       float (*red_sum)[64], int cw, int warp_row, int lane,
                                                       uint8_t* buffer) {
   using C = Sm90Tile;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    if ((lane & 3) == 0) red_sum[cw][warp_row + 8 * h] = row_sum[h];
-  }
+  publish_row_sums(row_sum, red_sum, cw, warp_row, lane);
   fence_proxy_async();  // this thread's stores below follow the wgmma reads of the same bytes
   named_barrier(C::kConsumerBarrier, C::kConsumerThreads);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = red_sum[0][warp_row + 8 * h] + red_sum[1][warp_row + 8 * h];  // fixed order, as write_rows
+    const float l = row_total(red_sum, warp_row + 8 * h);
     stage_row_for_merge<C::kRowTile, 32>(
         buffer, warp_row + 8 * h, l, row_max[h], cw * 256 + 2 * (lane & 3), cw == 0 && (lane & 3) == 0,
         [&](int j) { return make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]); });
