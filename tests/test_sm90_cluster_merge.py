@@ -25,11 +25,13 @@ def test_two_pieces_merge_in_clusters(dtype, num_heads, gen):
 
 
 @requires_hopper
+@pytest.mark.parametrize("batch, seqlen", [(28, 1024), (23, 4096)])
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
-def test_default_split_of_two_pieces_merges(dtype, gen):
-    """B = 28, H = 128, S = 1K without seq_lens: the shape-only planner cuts each sequence in two (112 CTAs)."""
-    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1024] * 28, num_heads=128)
-    check_on_path(problem, None, SM90, merged=True, what="default split, B = 28")
+def test_default_split_of_two_pieces_merges(dtype, batch, seqlen, gen):
+    """H = 128 without seq_lens: the shape-only planner cuts each sequence in two, one wave of 92-112 CTAs (at B = 23,
+    S = 4K it weighs the merge against two waves of 5 pieces)."""
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[seqlen] * batch, num_heads=128)
+    check_on_path(problem, None, SM90, merged=True, what=f"default split, B = {batch}, S = {seqlen}")
 
 
 @requires_hopper

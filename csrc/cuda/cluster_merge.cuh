@@ -16,14 +16,12 @@
 #include "combine_kernel.cuh"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
+#include "tile_plan.h"
 
 namespace mla::cuda {
 
-constexpr int kMaxClusterSplits = 8;   // the portable cluster size
-constexpr int kSm90ClusterPieces = 2;  // the sm_90a kernel's clusters (perf-notes v50)
-// Pieces longer than this keep the combine: there the cluster kernels measured slower than the usual kernel and the
-// combine together (the few-row one's loop is laid out around the merge: perf-notes v45; sm_90a: v50).
-constexpr int kClusterMergeMaxKeys = 2048;
+// The portable cluster size (the sm_90a kernel's, and the longest pieces merged: tile_plan.h).
+constexpr int kMaxClusterSplits = 8;
 
 // The merge's use of a CTA's KV stages (on the sm_90a kernel: its Q and KV stages) once its last tile is done: kRowTile
 // rows of kHeadDim floats (8 floats of padding per row put a warp's 8 fragment rows on different bank pairs), their

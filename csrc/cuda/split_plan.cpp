@@ -5,9 +5,10 @@
 // pipeline fill, launch latency); CTAs run in waves of one per slot (two slots per SM for the few-row tile); more than
 // one split adds the combine pass over the fp32 partials (written and read once, spread over all SMs) plus a second
 // launch. A few-row grid of at most one CTA per SM runs faster than the slot count says, so its costs are divided by
-// a measured speedup. The candidate with the lowest cost wins; ties go to fewer splits. Small batches therefore spread
-// one sequence over the whole GPU, large ones keep one split per sequence once a wave is full, and wave quantisation is
-// weighed against split overhead.
+// a measured speedup. On the sm_90a kernel a wave costs more beyond its keys, and two pieces in one wave merge in
+// clusters instead of the combine. The candidate with the lowest cost wins; ties go to fewer splits. Small batches
+// therefore spread one sequence over the whole GPU, large ones keep one split per sequence once a wave is full, and
+// wave quantisation is weighed against split overhead.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,13 @@ constexpr double kLoneCtaSpeedup = 1.77;
 // From this many rows per sequence (8 and 16 heads measured) a lone grid's CTA overhead is cheaper too; with 1 head,
 // longer lone splits measured 2-10 % slower than shorter shared ones, so fewer rows keep v31's rule (perf-notes v32).
 constexpr int kLoneOverheadRows = 8;
+// The sm_90a kernel's waves, in keys' worth of one CTA's loop, fitted to H200 graph timings (32-128 rows, 1K-16K keys,
+// 4-80 sequences; checked on 24-256 rows and up to 32K keys: perf-notes v51): a wave costs ~320 beyond its keys (the
+// 72 KB query load, the pipeline fill, the epilogue's normalisation and partial rows, and the ragged end of a wave of
+// CTAs that stream at different rates); a cluster merge (kSm90ClusterPieces pieces) costs ~96 where the combine's
+// launch and partials' round trip would be.
+constexpr double kSm90WaveOverheadKeys = 320.0;
+constexpr double kSm90ClusterMergeKeys = 96.0;
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -86,7 +94,10 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_blocks;
   const double element_bytes = dtype == DType::kFloat32 ? 4.0 : 2.0;
   const double key_bytes = (kHeadDim + kRopeDim) * element_bytes;
-  const double overhead = range_seq_cost(row_tile);  // the CTA overhead; the query block weighs a key per row
+  // With sm90 set, a 64-row tile means the sm_90a kernel runs the call (planned_row_tile).
+  const bool sm90_kernel = sm90 && row_tile == kLargeRowTile;
+  // A wave's fixed cost: the portable tiles' CTA overhead (the query block weighing a key per row), or the fit above.
+  const double overhead = sm90_kernel ? kSm90WaveOverheadKeys : range_seq_cost(row_tile);
   // Partial rows are fp32 [D], written by the main kernel and read by the combine. With few rows the combine has
   // few independent units of work (row x 128 columns) and streams the partials well below bandwidth, so they
   // weigh more (up to 4x, measured on H200).
@@ -110,7 +121,14 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
     const int64_t waves = ceil_div(ctas, slots);
     const LoneGridDivisors by = ctas <= num_sms ? lone_divisors : LoneGridDivisors{};
     double cost = static_cast<double>(waves) * (static_cast<double>(len) / by.stream + overhead / by.overhead);
-    if (splits > 1) cost += (kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits)) / by.combine;
+    // The launcher merges such a split in clusters where they keep the grid resident (one wave, here).
+    const bool merged = sm90_kernel && splits == kSm90ClusterPieces && len <= kClusterMergeMaxKeys &&
+                        ctas <= static_cast<int64_t>(num_sms);
+    if (merged) {
+      cost += kSm90ClusterMergeKeys;
+    } else if (splits > 1) {
+      cost += (kCombineLaunchKeys + partial_keys_per_split * static_cast<double>(splits)) / by.combine;
+    }
     if (cost < best_cost) {
       best_cost = cost;
       best_len = len;

@@ -37,6 +37,13 @@ inline int range_seq_cost(int row_tile) {
   return kCtaOverheadKeys + row_tile;
 }
 
+// Fixed splits merged in thread-block clusters (cluster_merge.cuh), which the split planner weighs as well: the
+// sm_90a kernel's clusters hold a row block's two pieces (perf-notes v50). Pieces longer than kClusterMergeMaxKeys keep
+// the combine: there the cluster kernels measured slower than the usual kernel and the combine together (the few-row
+// one's loop is laid out around the merge: perf-notes v45; sm_90a: v50).
+constexpr int kSm90ClusterPieces = 2;
+constexpr int kClusterMergeMaxKeys = 2048;
+
 // CTAs of that row tile resident per SM on the GPUs the defaults are tuned for (H100 / H200).
 inline int ctas_per_sm_for(int row_tile) {
   return row_tile == kSmallRowTile ? 2 : 1;
