@@ -112,6 +112,25 @@ def test_equal_lengths_on_whole_pieces(dtype, num_heads, seqlen_q, causal, batch
     assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"{batch} sequences of {length} keys")
 
 
+@requires_cuda
+@pytest.mark.parametrize(
+    "num_heads,batch,ragged",
+    [(128, 23, False), (64, 45, False), (64, 45, True)],
+    ids=["h128-b23", "h64-b45", "h64-b45-ragged"],
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_splits_lengthened_to_one_wave(dtype, num_heads, batch, ragged, gen):
+    """Many rows, about 4K keys per sequence: an even cut gives each sequence 3 pieces, a few more work items than one
+    wave of CTAs (69 for 66 at 128 heads, 135 for 132 at 64 on a 132-SM GPU), so the planner lengthens the splits
+    until they fit, over one or more rounds (ragged: sequences lose their third piece at different lengths)."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [4096 + (rng.randint(-600, 600) if ragged else 0) for _ in range(batch)]
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)
+    out, lse = decode_all_ways(problem)
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"lens {lens}")
+
+
 @pytest.mark.parametrize(
     "num_heads,page_size",
     [(16, 64), (24, 16), (128, 64), (128, 16)],

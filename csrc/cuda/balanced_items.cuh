@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "../params.h"
@@ -54,6 +55,24 @@ struct BatchPlan {
   int long_items;  // items of the sequences with more than one split
 };
 
+// The shortest chunk longer than `chunk` at which some sequence of several splits loses one, or INT_MAX when no
+// sequence has several: a count c of round(n / chunk) falls at chunk > 2n / (2c - 1) (splits_of's sqrt floor is
+// below that chunk, since it left the count at c).
+template <class Group>
+__device__ __forceinline__ int next_fewer_splits(const DecodeParams& p, const Group& g, int chunk) {
+  int negated = INT_MIN;  // the group has max only: the shortest chunk as the largest negation
+  for (int b = g.rank(); b < p.batch; b += g.size()) {
+    const int len = clamped_seq_len(p, b);
+    const int count = splits_of(p, chunk, len).count;
+    if (count > 1) {
+      const int64_t drop = 2 * static_cast<int64_t>(len) / (2 * count - 1) + 1;
+      negated = max(negated, -static_cast<int>(min(drop, static_cast<int64_t>(INT_MAX))));
+    }
+  }
+  negated = g.max(negated);
+  return negated == INT_MIN ? INT_MAX : -negated;
+}
+
 // Sums over the batch for a given chunk: items of multi-split sequences and the count of one-split sequences.
 template <class Group>
 __device__ __forceinline__ int2 count_items(const DecodeParams& p, const Group& g, int chunk) {
@@ -66,6 +85,9 @@ __device__ __forceinline__ int2 count_items(const DecodeParams& p, const Group& 
   return g.sum(make_int2(many, single));
 }
 
+// Rounds of lengthening the splits to fit one wave; each takes at least one split off the batch.
+constexpr int kFitWaveRounds = 8;
+
 template <class Group>
 __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p, const Group& g) {
   int64_t total = 0;
@@ -76,13 +98,21 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p, const 
   int chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(even, static_cast<int64_t>(p.capacity)))));
   int2 items = count_items(p, g, chunk);
   // Rounding and one-piece sequences can overshoot one wave of CTAs by a little; a few items in a second wave would
-  // nearly double the time, so lengthen the splits to fit. (A large overshoot means many sequences: several waves
+  // nearly double the time, so lengthen the splits until they fit: each round by the overshoot, and at least to where
+  // some sequence loses a split (lengthening by the overshoot alone left B = 23 equal sequences at 128 heads in 3
+  // splits each, 69 items for a wave of 66: perf-notes v51). (A large overshoot means many sequences: several waves
   // are unavoidable and short splits balance them best.)
-  const int64_t all = static_cast<int64_t>(items.x) + items.y;
+  int64_t all = static_cast<int64_t>(items.x) + items.y;
   if (all > target && 4 * all <= 5 * target) {
-    const int64_t longer = (static_cast<int64_t>(chunk) * all + target - 1) / target;
-    chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(longer, static_cast<int64_t>(p.capacity)))));
-    items = count_items(p, g, chunk);
+    for (int round = 0; round < kFitWaveRounds && all > target; ++round) {
+      const int fewer = next_fewer_splits(p, g, chunk);
+      if (fewer == INT_MAX) break;  // every sequence in one split already
+      const int64_t longer =
+          max((static_cast<int64_t>(chunk) * all + target - 1) / target, static_cast<int64_t>(fewer));
+      chunk = static_cast<int>(round_up_split(p, static_cast<unsigned>(min(longer, static_cast<int64_t>(p.capacity)))));
+      items = count_items(p, g, chunk);
+      all = static_cast<int64_t>(items.x) + items.y;
+    }
   } else if (all > target && items.y <= target) {
     // A few long sequences among short ones: the short items that do not fit beside the long pieces would run
     // behind them in a ragged tail (one short item costs its keys plus a CTA's start-up). When the one-piece
