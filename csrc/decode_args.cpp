@@ -239,7 +239,8 @@ void set_balanced_split(DecodeProblem& problem, int target, float split_cost, in
                   align > 0 && align % 16 == 0 && (align & (align - 1)) == 0 && seq_cost >= 0,
               "mla.decode: internal error: balanced split target ", target, " align ", align, " for batch ", p.batch);
   p.kv_len_per_split = align;  // the alignment of the cuts made on device
-  p.num_splits = target + p.batch;
+  // Work items run in thread-block clusters of two on Hopper (launch_sm90.cuh): an even count of CTAs per row block.
+  p.num_splits = seq_cost == 0 ? (target + p.batch + 1) / 2 * 2 : target + p.batch;
   p.balanced_target = target;
   p.balanced_split_cost = split_cost;
   p.balanced_seq_cost = seq_cost;

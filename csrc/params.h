@@ -39,6 +39,10 @@ struct DecodeParams {
   int capacity;    // page_size * max_pages: seq_lens are clamped to [0, capacity] on device
   float sm_scale;  // softmax scale applied to q.k (natural-exp domain)
   bool causal;     // bottom-right aligned: token t sees keys j < seq_len - S_q + 1 + t
+  // Balanced work items (below), set by the sm_90a launcher for its clustered launch: each sequence of exactly two
+  // items takes an aligned pair (items 2k, 2k + 1, one cluster), which merges in the cluster; its split_table row
+  // then says one piece (nothing left to combine). Here, beside `causal`, it takes no room of its own.
+  bool item_pairs_in_cluster;
 
   // Split-KV: split s of a sequence covers keys [s * kv_len_per_split, (s + 1) * kv_len_per_split).
   int kv_len_per_split;  // positive multiple of 16
@@ -52,8 +56,8 @@ struct DecodeParams {
   // - work items (balanced_seq_cost == 0; many-row kernels, balanced_items.cuh): each sequence cut into splits of
   //   about total / balanced_target keys, one CTA per split.
   // A sequence's n_b pieces write partial slots first_b .. first_b + n_b - 1; num_splits then holds
-  // W = balanced_target + B, which bounds the slots, and kv_len_per_split holds the alignment of every cut (16, or
-  // the key tile of a kernel that needs whole tiles).
+  // W = balanced_target + B (work items: rounded up to even), which bounds the slots, and kv_len_per_split holds the
+  // alignment of every cut (16, or the key tile of a kernel that needs whole tiles).
   int balanced_target;        // ranges, or work items, about one wave of CTAs (one sequence: see balanced_split_for)
   float balanced_split_cost;  // cuts are at least sqrt(cost * sequence length) keys apart (combine traffic)
   int balanced_seq_cost;      // ranges: keys' worth of one sequence's set-up in a CTA (query load, pipeline fill)

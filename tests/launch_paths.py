@@ -1,6 +1,6 @@
 """Which CUDA main kernel ran: the per-path launch counters of the private op torch.ops.mla._kernel_launch_counts()
--> [portable, sm90, fp32 tensor-core, cluster merge], read in this process or, for switches read once per process,
-in a fresh one."""
+-> [portable, sm90, fp32 tensor-core, cluster merge, item pairs], read in this process or, for switches read once per
+process, in a fresh one."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from reference import decode_reference
 import mla_ext
 
 # CLUSTER_MERGE counts launches (besides their PORTABLE or SM90 count) whose fixed split merged in thread-block
-# clusters, without the combine kernel.
-PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE = 0, 1, 2, 3
+# clusters, without the combine kernel; ITEM_PAIRS (besides SM90) calls with seq_lens whose work items ran in clusters
+# of two, a sequence of two pieces merged there.
+PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE, ITEM_PAIRS = 0, 1, 2, 3, 4
 
 
 def _is_hopper():
@@ -33,7 +34,7 @@ requires_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 device a
 
 def launch_counts():
     counts = list(torch.ops.mla._kernel_launch_counts())
-    assert len(counts) == 4, counts
+    assert len(counts) == 5, counts
     return counts
 
 
@@ -60,16 +61,19 @@ def counts_from_line(line):
     return [int(c) for c in line.strip("[]").split(",")]
 
 
-def check_on_path(problem, kv_len_per_split, path, what, merged=None):
+def check_on_path(problem, kv_len_per_split, path, what, merged=None, pairs=None):
     """Decodes the problem the three ways of checks.decode_all_ways; each time the main kernel `path` (PORTABLE or
-    SM90) runs and the other never, and with `merged` set the fixed split merges in clusters each time (True) or never
-    (False). Then checks the float64 reference. Returns (out, lse)."""
+    SM90) runs and the other never, with `merged` set the fixed split merges in clusters each time (True) or never
+    (False), and with `pairs` set the work items run in clusters of two each time (True) or never (False). Then checks
+    the float64 reference. Returns (out, lse)."""
     (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=kv_len_per_split))
     calls = 3
     other = PORTABLE if path == SM90 else SM90
     assert launched[path] == calls and launched[other] == 0, f"{what}: launches per path {launched}"
     if merged is not None:
         assert launched[CLUSTER_MERGE] == (calls if merged else 0), f"{what}: launches per path {launched}"
+    if pairs is not None:
+        assert launched[ITEM_PAIRS] == (calls if pairs else 0), f"{what}: launches per path {launched}"
     ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
     assert_matches_reference(out, lse, ref_out, ref_lse, problem.q.dtype, what)
     return out, lse

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from axes import requires_cuda
 from checks import assert_matches_reference
-from launch_paths import CLUSTER_MERGE, HOPPER, SM90, launches_during
+from launch_paths import CLUSTER_MERGE, HOPPER, ITEM_PAIRS, SM90, launches_during
 from make_inputs import empty_outputs_like, make_problem
 from reference import decode_reference
 
@@ -15,8 +17,8 @@ CAPACITY = 320
 REPLAY_LENS = [[200, 150, 64, 5], [1, 0, 300, 64], [0, 0, 0, 0], [1, 1, 1, 1], [320, 2, 17, 0], [77, 320, 1, 319]]
 
 
-def check_replays(problem, kv_len_per_split):
-    """Captures decode_out once, then replays it over REPLAY_LENS (and, paged, rotated block tables); every replay
+def check_replays(problem, kv_len_per_split, replay_lens=REPLAY_LENS):
+    """Captures decode_out once, then replays it over replay_lens (and, paged, rotated block tables); every replay
     must match the float64 reference. Returns the launches per path made while capturing."""
     out, lse = empty_outputs_like(problem.q)
     kwargs = problem.kwargs(kv_len_per_split=kv_len_per_split, out=out, lse=lse)
@@ -38,7 +40,7 @@ def check_replays(problem, kv_len_per_split):
     _, launched = launches_during(capture_step)
 
     original_table = None if problem.block_table is None else problem.block_table.clone()
-    for replay, lens in enumerate(REPLAY_LENS):
+    for replay, lens in enumerate(replay_lens):
         problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         if original_table is not None:  # hand each sequence another sequence's pages (rows rotated by `replay`)
             problem.block_table.copy_(original_table.roll(replay, dims=0))
@@ -89,6 +91,36 @@ def test_graph_replay_of_two_pieces_at_128_heads(page_size, gen):
     launched = check_replays(problem, 192)
     if HOPPER:
         assert launched[SM90] == 1 and launched[CLUSTER_MERGE] == 1, f"launches per path {launched}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("page_size", [None, 64], ids=["dense", "paged64"])
+def test_graph_replay_of_work_item_pairs(page_size, gen):
+    """H = 128, 24 sequences with seq_lens: on Hopper the work items run in clusters of two (B is in the range that
+    equal lengths cut in two pieces each), captured in the graph; each replay's lengths decide which sequences pair
+    (all at 1000 keys, some in ragged batches, none when all are empty or when half are full and cut in four)."""
+    batch = 24
+    problem = make_problem(
+        gen,
+        device="cuda",
+        dtype=torch.bfloat16,
+        lens=[1024] * batch,
+        num_heads=128,
+        page_size=page_size,
+        dense_seq_lens=True,
+        spare_slots=0,
+    )
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    replay_lens = [
+        [1000] * batch,
+        [rng.randint(0, 1024) for _ in range(batch)],
+        [0] * batch,
+        [1024] * 12 + [1] * 12,
+        [rng.randint(700, 900) for _ in range(batch - 1)] + [1024],
+    ]
+    launched = check_replays(problem, None, replay_lens)
+    if HOPPER:
+        assert launched[SM90] == 1 and launched[ITEM_PAIRS] == 1, f"launches per path {launched}"
 
 
 def capture(step):

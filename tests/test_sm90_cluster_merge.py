@@ -1,12 +1,16 @@
 """On Hopper, a fixed split of 2 pieces of at most 2048 keys on the sm_90a kernel (more than 16 query rows per
 sequence, fp16/bf16) runs in thread-block clusters of a (sequence, row block)'s two pieces, which merge through
-distributed shared memory with no fp32 partials and no combine kernel. Each case checks the float64 reference and
-which path ran (tests/launch_paths.py). Sequences are ragged (some pieces see no key) and caches are poisoned beyond
-every sequence's length."""
+distributed shared memory with no fp32 partials and no combine kernel. A call with seq_lens (several sequences) runs
+its work items in clusters of two: each sequence the planner cuts in exactly two pieces merges in its cluster, the
+combine takes the others. Each case checks the float64 reference and which path ran (tests/launch_paths.py).
+Sequences are ragged (some pieces see no key) and caches are poisoned beyond every sequence's length."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import torch
 from axes import DTYPE_IDS, DTYPES_16
 from checks import assert_repeatable
 from launch_paths import SM90, check_on_path, requires_hopper
@@ -79,3 +83,49 @@ def test_long_pieces_use_the_combine(dtype, gen):
 def test_sm90_cluster_merge_is_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=128)
     assert_repeatable(problem, kv_len_per_split=512)
+
+
+@requires_hopper
+@pytest.mark.parametrize("num_heads, seqlen_q, batch", [(128, 1, 24), (64, 1, 50), (24, 1, 50), (64, 2, 24)])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_work_items_of_two_pieces_merge_in_clusters(dtype, num_heads, seqlen_q, batch, gen):
+    """With seq_lens, equal lengths of 1000 keys that the work-item planner cuts in two: at 128 rows (two row blocks,
+    66 items a wave) B = 24 plans 384-key pieces, 72 items, and lengthens them to 448 (2 pieces each, 48 items); at
+    24-64 rows (132 items a wave) B = 50 plans 448 keys (2 pieces each). Causal S_q = 2 at 64 heads: two row blocks
+    whose key limits differ by one."""
+    problem = make_problem(
+        gen,
+        device="cuda",
+        dtype=dtype,
+        lens=[1000] * batch,
+        num_heads=num_heads,
+        seqlen_q=seqlen_q,
+        causal=seqlen_q > 1,
+        dense_slack=24,
+    )
+    assert problem.seq_lens is not None
+    check_on_path(problem, None, SM90, merged=False, pairs=True, what=f"B = {batch}, {num_heads} heads")
+
+
+@requires_hopper
+@pytest.mark.parametrize("page_size, cache_layout", [(None, "separate"), (64, "fused")], ids=["dense", "page64"])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_ragged_work_item_pairs(dtype, page_size, cache_layout, gen):
+    """H = 128, a ragged batch of 29 (22 200-26 800 keys, planned in chunks of 384 or 448 keys for a wave of 66
+    items): 20 sequences of 700-900 keys (2 pieces each, paired first), 4 of 2048 (5 pieces each: after the pairs, an
+    odd count, so the clusters from there on hold pieces of different sequences, or a piece and a spare), 4 of 1-150
+    keys and an empty one (one piece each); 65 items."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = [rng.randint(700, 900) for _ in range(20)] + [2048] * 4 + [rng.randint(1, 150) for _ in range(4)] + [0]
+    rng.shuffle(lens)
+    problem = make_problem(
+        gen, device="cuda", dtype=dtype, lens=lens, num_heads=128, page_size=page_size, cache_layout=cache_layout
+    )
+    check_on_path(problem, None, SM90, merged=False, pairs=True, what=f"lens {lens}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_work_item_pairs_are_deterministic(dtype, gen):
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000] * 23 + [517], num_heads=128)
+    assert_repeatable(problem)

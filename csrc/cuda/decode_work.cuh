@@ -142,6 +142,17 @@ __device__ __forceinline__ bool next_cta_work(const DecodeParams& p, CtaWorkList
   return true;
 }
 
+// In a launch in thread-block clusters of a many-row kernel: whether the CTA's piece merges with the other pieces of
+// its cluster. Every piece of a fixed split does; of balanced work items (p.item_pairs_in_cluster), a piece of a
+// sequence of exactly two, which the planner kernel placed on an aligned pair of items (the cluster), not a spare.
+// Asked once the CTA's tiles are done: from the item table (a cached line by then), so that nothing more stays live
+// through the loop.
+__device__ __forceinline__ bool piece_merges_in_cluster(const DecodeParams& p, const CtaWork& w) {
+  if (p.balanced_target == 0) return true;
+  const int4 entry = reinterpret_cast<const int4*>(p.item_table)[w.slot];
+  return entry.x >= 0 && entry.z == 2;
+}
+
 // The one piece of work of a CTA of the many-row kernels (a (sequence, split) pair or a balanced work item).
 template <int kRowTile, int kKeyTile, bool kClustered = false>
 __device__ __forceinline__ CtaWork single_cta_work(const DecodeParams& p) {

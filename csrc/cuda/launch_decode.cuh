@@ -296,6 +296,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     const Sm90Launch sm90 = sm90_kernel_enabled(d.major) ? launch_decode_sm90<dtype>(p, stream, d) : Sm90Launch{};
     if (sm90.launched) {
       count_launch(KernelPath::kSm90);
+      if (sm90.item_pairs) count_launch(KernelPath::kItemPairs);
       if (sm90.merged_in_cluster) {
         count_launch(KernelPath::kClusterMerge);
       } else if (p.num_splits > 1 || p.balanced_target > 0) {

@@ -22,6 +22,14 @@ inline bool fp32_on_cuda_cores() {
   return on;
 }
 
+// A call with seq_lens on the sm_90a kernel runs its work items in clusters of two, merging each sequence of two
+// pieces there (launch_sm90.cuh; on by default); MLA_EXT_ITEM_PAIRS=0 launches them unclustered, all partials
+// merged by the combine.
+inline bool item_pairs_enabled() {
+  static const bool enabled = env_switch("MLA_EXT_ITEM_PAIRS", true);
+  return enabled;
+}
+
 // Programmatic dependent launch saves about one launch gap (~1 us) per kernel boundary, but made long calls of
 // large batches up to a few percent slower on the H200 (perf-notes v10). It is used where the gap weighs: batches
 // of up to kOverlapMaxBatch sequences (the serving case whatever the block table's width) and calls that read at

@@ -414,7 +414,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   // After an odd count both warpgroups left the loop before freeing their half of the last tile (n - 1, even).
   if (n & 1) release_half(empty_bar, n - 1, cw, lane);
 
-  if constexpr (kMergeInCluster) {
+  if (kMergeInCluster && piece_merges_in_cluster(p, w)) {
     merge_rows_in_cluster<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane, smem + C::kQOffset);
   } else {
     write_rows<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane);
@@ -425,8 +425,9 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 
 #endif  // sm_90a
 
-// kMergeInCluster: launched in clusters of a (sequence, row block)'s two pieces, which merge there
-// (cluster_merge.cuh); its own kernel, so that the merge's code does not reshape the usual kernel's loop.
+// kMergeInCluster: launched in clusters of two CTAs: a (sequence, row block)'s two pieces of a fixed split, or two
+// work items of a call with seq_lens, which merge there (cluster_merge.cuh) when they are the two pieces of one
+// sequence; its own kernel, so that the merge's code does not reshape the usual kernel's loop.
 template <typename T, bool kMergeInCluster = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
@@ -457,7 +458,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
-    if constexpr (kMergeInCluster) join_cluster_merge();
+    if (kMergeInCluster && piece_merges_in_cluster(p, w)) join_cluster_merge();
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
     detail::consume_tiles<T, kMergeInCluster>(p, w, smem, base, full_bar, empty_bar, published, red_sum);

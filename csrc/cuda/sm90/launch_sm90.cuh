@@ -113,19 +113,36 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
 // longer pieces, and more pieces per sequence (clusters of 4 or 8, or clusters writing partials for the combine),
 // slower or level.
 template <typename T>
-bool merge_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
+bool merge_fixed_split_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
   return p.balanced_target == 0 && p.num_splits == kSm90ClusterPieces && p.kv_len_per_split <= kClusterMergeMaxKeys &&
          kernel_ready<T, true>(d.device) &&
+         detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
+}
+
+// A call with seq_lens whose work items the planner kernel lays out (several sequences) runs its items in clusters
+// of two as well: the planner gives each sequence of exactly two pieces an aligned pair, merged in its cluster, and
+// the combine takes the rest. Only for batches of B sequences that equal lengths would cut in two pieces each within
+// one wave of `target` items (target / 3 < B <= target / 2; ragged batches there mostly pair too): a wider batch fits
+// one wave in single pieces or runs its pairs in more than one (B = 44, H = 128, S = 16K: 5 % slower in clusters),
+// and where no sequence pairs the launch gains nothing (perf-notes v53).
+template <typename T>
+bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
+  static_assert(kSm90ClusterPieces == 2, "the planner kernel pairs items");
+  const int64_t target = p.balanced_target, batch = p.batch;
+  const bool two_pieces_each = 3 * batch > target && 2 * batch <= target;
+  return item_pairs_enabled() && p.item_table != nullptr && two_pieces_each &&
+         work_items(p) % kSm90ClusterPieces == 0 && kernel_ready<T, true>(d.device) &&
          detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
 }
 
 }  // namespace sm90_detail
 
 template <DType dtype>
-Sm90Launch launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
+Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& d) {
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
+  DecodeParams p = params;
   if (!sm90_detail::supports(p)) return {};
   if (!sm90_detail::kernel_ready<T, false>(d.device)) return {};
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
@@ -138,7 +155,9 @@ Sm90Launch launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, const 
       !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
     return {};
   }
-  const bool clustered = sm90_detail::merge_in_cluster<T>(p, ctas, d);
+  const bool merged = sm90_detail::merge_fixed_split_in_cluster<T>(p, ctas, d);
+  p.item_pairs_in_cluster = !merged && sm90_detail::pair_items_in_cluster<T>(p, ctas, d);
+  const bool clustered = merged || p.item_pairs_in_cluster;
   // Programmatic dependent launch for small calls: the CTAs may start while the previous kernel on the stream drains
   // (the kernel waits before reading memory), which hides the launch gap.
   const bool use_overlap = use_programmatic_launch(p);
@@ -165,7 +184,7 @@ Sm90Launch launch_decode_sm90(const DecodeParams& p, cudaStream_t stream, const 
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
   }
-  return Sm90Launch{true, clustered};
+  return Sm90Launch{true, merged, p.item_pairs_in_cluster};
 }
 
 }  // namespace mla::cuda

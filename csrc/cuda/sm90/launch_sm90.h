@@ -11,10 +11,12 @@
 namespace mla::cuda {
 
 // What launch_decode_sm90 did: nothing (launched false: the caller runs the portable kernel), or the main kernel,
-// which merged a fixed split of two pieces in thread-block clusters (merged_in_cluster: no combine kernel needed).
+// which merged a fixed split of two pieces in thread-block clusters (merged_in_cluster: no combine kernel needed) or
+// ran a call's work items in clusters of two (item_pairs: the combine takes the sequences not merged there).
 struct Sm90Launch {
   bool launched = false;
   bool merged_in_cluster = false;
+  bool item_pairs = false;
 };
 
 // Launches the sm_90a main kernel (not the split combine) when it supports the problem and this build holds its
