@@ -122,8 +122,7 @@ int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_
     const LoneGridDivisors by = ctas <= num_sms ? lone_divisors : LoneGridDivisors{};
     double cost = static_cast<double>(waves) * (static_cast<double>(len) / by.stream + overhead / by.overhead);
     // The launcher merges such a split in clusters where they keep the grid resident (one wave, here).
-    const bool merged = sm90_kernel && splits == kSm90ClusterPieces && len <= kClusterMergeMaxKeys &&
-                        ctas <= static_cast<int64_t>(num_sms);
+    const bool merged = sm90_kernel && sm90_merges_fixed_split(splits, len) && ctas <= static_cast<int64_t>(num_sms);
     if (merged) {
       cost += kSm90ClusterMergeKeys;
     } else if (splits > 1) {

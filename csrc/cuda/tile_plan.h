@@ -44,6 +44,12 @@ inline int range_seq_cost(int row_tile) {
 constexpr int kSm90ClusterPieces = 2;
 constexpr int kClusterMergeMaxKeys = 2048;
 
+// Whether the sm_90a kernel merges a fixed split of `splits` pieces of `len` keys in clusters, where the clusters keep
+// the grid resident (the launcher asks the occupancy API; the split planner takes one wave for it).
+inline bool sm90_merges_fixed_split(int64_t splits, int64_t len) {
+  return splits == kSm90ClusterPieces && len <= kClusterMergeMaxKeys;
+}
+
 // CTAs of that row tile resident per SM on the GPUs the defaults are tuned for (H100 / H200).
 inline int ctas_per_sm_for(int row_tile) {
   return row_tile == kSmallRowTile ? 2 : 1;

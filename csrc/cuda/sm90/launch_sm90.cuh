@@ -114,7 +114,7 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
 // slower or level.
 template <typename T>
 bool merge_fixed_split_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
-  return p.balanced_target == 0 && p.num_splits == kSm90ClusterPieces && p.kv_len_per_split <= kClusterMergeMaxKeys &&
+  return p.balanced_target == 0 && sm90_merges_fixed_split(p.num_splits, p.kv_len_per_split) &&
          kernel_ready<T, true>(d.device) &&
          detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
 }
