@@ -126,6 +126,26 @@ def test_ragged_work_item_pairs(dtype, page_size, cache_layout, gen):
 
 @requires_hopper
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_ragged_work_item_pairs_over_two_planner_warps(dtype, gen):
+    """H = 64, a ragged batch of 50 (31 000-39 000 keys, planned in chunks of 320 keys for a wave of 132 items) by the
+    planner's CTA of two warps, so pairs and other long sequences sit in both: 20 sequences of 600-780 keys (2 pieces
+    each, items 0-39), 10 of 900-1100 (3 pieces) and 5 of 2048 (6 pieces) after them (items 40-99, clusters across
+    sequences from item 43 on), 12 of 1-150 keys and 3 empty (one piece each); 115 items."""
+    rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
+    lens = (
+        [rng.randint(600, 780) for _ in range(20)]
+        + [rng.randint(900, 1100) for _ in range(10)]
+        + [2048] * 5
+        + [rng.randint(1, 150) for _ in range(12)]
+        + [0] * 3
+    )
+    rng.shuffle(lens)
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=64)
+    check_on_path(problem, None, SM90, merged=False, pairs=True, what=f"lens {lens}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_work_item_pairs_are_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000] * 23 + [517], num_heads=128)
     assert_repeatable(problem)

@@ -24,20 +24,14 @@ constexpr int kPlannerMaxThreads = 512;
 // Items are numbered as the plan orders them: the pieces of the multi-split sequences first, sequence by sequence,
 // then the one-piece sequences; items past the plan's (up to W = num_splits, one CTA each) are spares. With
 // item_pairs_in_cluster the sequences of exactly two pieces come first, so each takes an aligned pair of items (one
-// cluster, which merges them: their split_table row says one piece, and the combine leaves them alone).
+// cluster, which merges them: their split_table row says one piece, and the combine leaves them alone). The launcher
+// pairs only batches the group covers in one round, so that round's pair total places the other long sequences.
 template <class Group>
 __device__ __forceinline__ void plan_work_items(const DecodeParams& p, const Group& g) {
   const BatchPlan plan = balanced_plan(p, g);
   const bool pairs = p.item_pairs_in_cluster;
-  int pair_items = 0;
-  if (pairs) {
-    int64_t paired = 0;
-    for (int b = g.rank(); b < p.batch; b += g.size())
-      paired += splits_of(p, plan.chunk, clamped_seq_len(p, b)).count == 2;
-    pair_items = 2 * static_cast<int>(g.sum(paired));
-  }
   int4* items = reinterpret_cast<int4*>(p.item_table);
-  int pair_before = 0, long_before = pair_items, single_before = plan.long_items;
+  int long_before = 0, single_before = plan.long_items;
   for (int b0 = 0; b0 < p.batch; b0 += g.size()) {
     const int b = b0 + g.rank();
     SequenceSplits s{0, 0};
@@ -50,8 +44,8 @@ __device__ __forceinline__ void plan_work_items(const DecodeParams& p, const Gro
     int2 pair_total = make_int2(0, 0), pair_upto = make_int2(0, 0);
     if (pairs) pair_upto = g.inclusive_sum(make_int2(paired ? 2 : 0, 0), pair_total);
     if (b < p.batch) {
-      const int first = paired         ? pair_before + pair_upto.x - 2
-                        : own_long > 0 ? long_before + upto.x - own_long
+      const int first = paired         ? pair_upto.x - 2
+                        : own_long > 0 ? pair_total.x + long_before + upto.x - own_long
                                        : single_before + upto.y - 1;
       record_sequence_pieces(p, b, first, paired ? 1 : s.count);
       const int4 entry = make_int4(b, first, s.count, s.length);
@@ -61,7 +55,6 @@ __device__ __forceinline__ void plan_work_items(const DecodeParams& p, const Gro
       const int end = min(first + s.count, p.num_splits);
       for (int i = first; i < end; ++i) items[i] = entry;
     }
-    pair_before += pair_total.x;
     long_before += total.x;
     single_before += total.y;
   }

@@ -130,7 +130,9 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
   static_assert(kSm90ClusterPieces == 2, "the planner kernel pairs items");
   const int64_t target = p.balanced_target, batch = p.batch;
   const bool two_pieces_each = 3 * batch > target && 2 * batch <= target;
-  return item_pairs_enabled() && p.item_table != nullptr && two_pieces_each &&
+  // the planner places pairs in one round of its threads (work_item_planner.cuh)
+  const bool one_planner_round = batch <= kPlannerMaxThreads;
+  return item_pairs_enabled() && p.item_table != nullptr && two_pieces_each && one_planner_round &&
          work_items(p) % kSm90ClusterPieces == 0 && kernel_ready<T, true>(d.device) &&
          detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
 }
