@@ -283,7 +283,10 @@ def balanced_cases() -> list[Case]:
     """Balanced splits over many short sequences and a long one. Few rows: CTAs walk several sequences of their
     range, reusing shared memory between them. Many rows: one work item per CTA, spare items included, from the
     planner kernel's table (a warp up to 32 sequences, a CTA above; also with the long sequences cut into one wave,
-    and a batch wider than the planner's CTA) or, for one sequence, planned per CTA."""
+    and a batch wider than the planner's CTA) or, for one sequence, planned per CTA. On Hopper, batches of a third to
+    a half of a wave's items run their items in clusters of two, each two-piece sequence merged there: 24 sequences
+    at 128 heads (the planner's warp) and 50 at 64 heads (its CTA), mostly two pieces of 64 keys, with a 5-piece
+    sequence whose items straddle clusters and one-piece and empty ones behind."""
     short_16 = [(i * 7) % 23 for i in range(600)] + [2000]
     one_wave = [8192, 8155] + [(i * 7) % 97 + 2 for i in range(60)]
     return [
@@ -296,6 +299,9 @@ def balanced_cases() -> list[Case]:
         Case("balanced-items-one-sequence-bf16-page64", lens=[5003], num_heads=128, page_size=64),
         Case("balanced-items-seven-sequences-bf16-page64", lens=[3000, 17, 0, 1200, 5, 64, 999], num_heads=128,
              page_size=64),
+        Case("balanced-items-pairs-warp-planner-bf16", lens=[130] * 20 + [300, 0, 65, 7], num_heads=128),
+        Case("balanced-items-pairs-planner-cta-fp16-page64", dtype="fp16",
+             lens=[130] * 40 + [300] * 4 + [0, 3, 65, 1, 20, 9], num_heads=64, page_size=64),  # fmt: skip
     ]
 
 
