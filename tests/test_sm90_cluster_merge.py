@@ -129,8 +129,9 @@ def test_ragged_work_item_pairs(dtype, page_size, cache_layout, gen):
 def test_ragged_work_item_pairs_over_two_planner_warps(dtype, gen):
     """H = 64, a ragged batch of 50 (31 000-39 000 keys, planned in chunks of 320 keys for a wave of 132 items) by the
     planner's CTA of two warps, so pairs and other long sequences sit in both: 20 sequences of 600-780 keys (2 pieces
-    each, items 0-39), 10 of 900-1100 (3 pieces) and 5 of 2048 (6 pieces) after them (items 40-99, clusters across
-    sequences from item 43 on), 12 of 1-150 keys and 3 empty (one piece each); 115 items."""
+    each, items 0-39), 10 of 900-1100 (3 pieces) and 5 of 2048 (6 pieces) after them in batch order (items 40-99;
+    from items 42-43 on, clusters may hold two sequences' pieces), 12 of 1-150 keys and 3 empty (one piece each);
+    115 items."""
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
     lens = (
         [rng.randint(600, 780) for _ in range(20)]
