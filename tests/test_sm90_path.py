@@ -106,6 +106,21 @@ def test_sm90_invalid_pages_at_both_parities(dtype, split, gen):
 
 
 @requires_hopper
+@pytest.mark.parametrize("sm_scale", [0.1, 0.0, -0.05])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_explicit_sm_scale(dtype, sm_scale, gen):
+    """The softmax of a tile every key of which all rows see takes the max of the raw scores, which needs a
+    positive scale; zero and negative scales take the masked path. Whole and partial tiles, several splits."""
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[320, 129, 64], num_heads=128)
+    (out, lse), launched = launches_during(
+        lambda: decode_all_ways(problem, sm_scale=sm_scale, kv_len_per_split=128)
+    )
+    assert launched[SM90] == 3, f"launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs(sm_scale=sm_scale))
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"sm_scale {sm_scale}")
+
+
+@requires_hopper
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_sm90_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 517], num_heads=128, page_size=64)

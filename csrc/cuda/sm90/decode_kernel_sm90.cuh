@@ -56,7 +56,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "../../params.h"
@@ -223,27 +222,37 @@ __device__ __forceinline__ void advance_max(const float (&m_new)[2], float (&row
 }
 
 // Owner's online softmax of a loaded tile: new running max, P = exp2(S - m) as T into the P block (row r at r * 128,
-// key chunk c at chunk c ^ (r % 8): the layout the P . V descriptor reads), row sums. Masked scores are selected
-// (masked slots may hold NaN) again in the second pass instead of being kept: 32 registers fewer next to O and S.
+// key chunk c at chunk c ^ (r % 8): the layout the P . V descriptor reads), row sums. A whole tile (both rows see all
+// its keys; a positive scale, as any real one is) needs no masks: the max of its raw scores, scaled once, is the max
+// of the scaled ones (rounding is monotone), and the scale goes into exp2's argument by an fma: per thread 32 moves
+// and 32 fmas instead of 32 multiplies, compares, selects and subtractions, on the softmax that sits between the two
+// warpgroups' products (perf-notes v55). Other tiles are scaled and masked first (masked slots may hold NaN) and take
+// the same steps at a scale of 1 (an fma by 1 rounds as the subtraction does).
 template <typename T>
 __device__ __forceinline__ void softmax_tile(const float (&s)[32], const int (&limit)[2], int tile_key0,
                                              float scale_log2, int lane, int warp_row, uint8_t* p_block,
                                              float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2]) {
-  const int key_base = tile_key0 + 2 * (lane & 3);
+  const bool whole = scale_log2 > 0.f && int64_t{tile_key0} + C::kKeyTile <= min(limit[0], limit[1]);
+  float x[32];  // the scores, raw (whole tile) or scaled and masked
+  if (whole) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = s[i];
+  } else {
+    const int key_base = tile_key0 + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      x[i] = key_base + (i / 4) * 8 + (i & 1) < limit[(i / 2) & 1] ? s[i] * scale_log2 : kNegInf;
+  }
+  const float scale = whole ? scale_log2 : 1.f;
   float m_new[2] = {kNegInf, kNegInf};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v = key_base + j * 8 + e < limit[h] ? s[4 * j + 2 * h + e] * scale_log2 : kNegInf;
-        m_new[h] = fmaxf(m_new[h], v);
-      }
-    }
+    for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], fmaxf(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]));
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    m_new[h] *= scale;
     m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffffu, m_new[h], 1));
     m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffffu, m_new[h], 2));
     m_new[h] = fmaxf(row_max[h], m_new[h]);
@@ -257,14 +266,10 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[32], const int (&l
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float pe[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = key_base + j * 8 + e < limit[h] ? s[4 * j + 2 * h + e] * scale_log2 : kNegInf;
-        pe[e] = exp2_ftz(v - offset[h]);
-      }
-      row_sum[h] += pe[0] + pe[1];
-      *reinterpret_cast<uint32_t*>(p_rows + h * 1024 + ((j ^ swizzle) << 4)) = pack2<T>(pe[0], pe[1]);
+      const float pe0 = exp2_ftz(fmaf(x[4 * j + 2 * h], scale, -offset[h]));
+      const float pe1 = exp2_ftz(fmaf(x[4 * j + 2 * h + 1], scale, -offset[h]));
+      row_sum[h] += pe0 + pe1;
+      *reinterpret_cast<uint32_t*>(p_rows + h * 1024 + ((j ^ swizzle) << 4)) = pack2<T>(pe0, pe1);
     }
   }
 }
@@ -336,12 +341,13 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
   const int n = w.num_tiles;
 
-  // Keys a row may see in this CTA: [key_begin, limit). Padding rows see none.
+  // Keys a row may see in this CTA: [key_begin, limit). Padding rows (zero queries, results never written) see the
+  // CTA's keys, so that a whole tile is whole for their warps too.
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = w.row_begin + warp_row + 8 * h;
-    limit[h] = r < w.rows ? min(row_key_limit(p, w.seq_len, r), w.key_end) : INT_MIN;
+    limit[h] = r < w.rows ? min(row_key_limit(p, w.seq_len, r), w.key_end) : w.key_end;
   }
 
   float acc[128];
