@@ -121,6 +121,21 @@ def test_sm90_explicit_sm_scale(dtype, sm_scale, gen):
 
 
 @requires_hopper
+@pytest.mark.parametrize("split", [4096, 256], ids=["one_split", "splits"])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_sm90_running_max_jumps(dtype, split, gen):
+    """Keys scaled up in later tiles, even and odd (both warpgroups' tiles), raise rows' running max far beyond
+    the slack that keeps an old max, so the O halves rescale mid-sequence; smaller rises keep the old max."""
+    problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 700], num_heads=128)
+    for key, factor in [(70, 4.0), (300, 12.0), (450, 30.0), (650, 60.0)]:
+        problem.kv[:, key] *= factor
+    (out, lse), launched = launches_during(lambda: decode_all_ways(problem, kv_len_per_split=split))
+    assert launched[SM90] == 3, f"launches per path {launched}"
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, "running max jumps")
+
+
+@requires_hopper
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_sm90_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000, 517], num_heads=128, page_size=64)

@@ -168,12 +168,13 @@ __device__ __forceinline__ V warp_inclusive_sum(V value) {
 }
 
 // 2^x by the special function unit alone (ex2.approx.ftz), without the scaling exp2f wraps around it for results
-// below 2^-126. The softmax kernels' arguments are a score or an old max minus the running max: <= 0, -inf (masked key,
-// or no key yet) or NaN (a NaN score, inf - inf). As with exp2f, -inf gives +0 and NaN gives NaN. ftz only flushes
-// results below 2^-126 to zero: such a P term is under 2^-126 of the row maximum's own term, which is exactly 1 (so the
-// row sum is >= 1), i.e. far below the 2^-24 resolution of that fp32 sum, and it moves an output row (divided by that
-// sum) by under 2^-126 * max|v|, nothing at fp32, bf16 or fp16 precision. A flushed rescale factor likewise drops an
-// old part weighing under 2^-126 * (keys so far) against the new maximum's term.
+// below 2^-126. The softmax kernels' arguments are a score or an old max minus the running max: <= 0 (<= 8 in the
+// sm_90a kernel, whose running max may lag that far), -inf (masked key, or no key yet) or NaN (a NaN score, inf -
+// inf). As with exp2f, -inf gives +0 and NaN gives NaN. ftz only flushes results below 2^-126 to zero: such a P term is
+// under 2^-126 of the row maximum's own term, which is at least 1 (so the row sum is >= 1), i.e. far below the 2^-24
+// resolution of that fp32 sum, and it moves an output row (divided by that sum) by under 2^-126 * max|v|, nothing at
+// fp32, bf16 or fp16 precision. A flushed rescale factor likewise drops an old part weighing under 2^-126 * (keys so
+// far) against the new maximum's term.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
