@@ -196,7 +196,7 @@ __device__ __forceinline__ void finish_values(float (&acc)[128], uint32_t empty_
 }
 
 // How far (log2 units) a row's running max may lag its scores: an O half is rescaled only when a tile raises the max
-// by more than this (perf-notes v56), which with real and random scores happens in the first tiles only.
+// by more than this (perf-notes v56), which with random scores happens in the first tiles only.
 constexpr float kMaxSlack = 8.f;
 
 __device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
@@ -261,7 +261,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[32], const int (&l
     m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffffu, m_new[h], 2));
     m_new[h] = fmaxf(row_max[h], m_new[h]);
     // A max that grew by at most kMaxSlack keeps the old one (alpha = 1, so neither warpgroup rescales its O half):
-    // P <= 2^kMaxSlack then, which fp16, bf16 and the fp32 sums hold exactly as well as P <= 1.
+    // P <= 2^kMaxSlack then, which fp16, bf16 and the fp32 sums hold to the same relative precision as P <= 1.
     if (m_new[h] <= row_max[h] + kMaxSlack) m_new[h] = row_max[h];
   }
   float offset[2];
