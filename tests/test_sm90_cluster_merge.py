@@ -13,11 +13,13 @@ import pytest
 import torch
 from axes import DTYPE_IDS, DTYPES_16
 from checks import assert_repeatable
-from launch_paths import SM90, check_on_path, requires_hopper
+from launch_paths import CLUSTER_MERGE, ITEM_PAIRS, SM90, check_on_path, launches_during, requires_hopper
 from make_inputs import make_problem
 
 # Full, odd, empty, one key, only the first piece, nearly full (capacity 1024).
 LENS = [1024, 517, 0, 1, 65, 1000]
+# The determinism tests: checks.assert_repeatable decodes 1 + 3 times, each call on the path under test.
+REPEATED_CALLS = 4
 
 
 @requires_hopper
@@ -82,7 +84,8 @@ def test_long_pieces_use_the_combine(dtype, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_sm90_cluster_merge_is_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=LENS, num_heads=128)
-    assert_repeatable(problem, kv_len_per_split=512)
+    _, launched = launches_during(lambda: assert_repeatable(problem, kv_len_per_split=512))
+    assert launched[SM90] == REPEATED_CALLS and launched[CLUSTER_MERGE] == REPEATED_CALLS, launched
 
 
 @requires_hopper
@@ -149,4 +152,5 @@ def test_ragged_work_item_pairs_over_two_planner_warps(dtype, gen):
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
 def test_work_item_pairs_are_deterministic(dtype, gen):
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=[1000] * 23 + [517], num_heads=128)
-    assert_repeatable(problem)
+    _, launched = launches_during(lambda: assert_repeatable(problem))
+    assert launched[SM90] == REPEATED_CALLS and launched[ITEM_PAIRS] == REPEATED_CALLS, launched
