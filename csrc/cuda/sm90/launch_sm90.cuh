@@ -107,6 +107,14 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
   return result == CUDA_SUCCESS;
 }
 
+// Whether the clustered kernel (clusters of two CTAs) was compiled and its clusters keep the grid of `ctas` resident:
+// the condition both clustered launches below share.
+template <typename T>
+bool clusters_of_two_fit(int64_t ctas, const DeviceInfo& d) {
+  return kernel_ready<T, true>(d.device) &&
+         detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
+}
+
 // A fixed split of two pieces of at most kClusterMergeMaxKeys keys runs as clusters of a (sequence, row block)'s two
 // pieces, which merge through distributed shared memory instead of the combine kernel, where the clusters keep the
 // grid resident. Measured (perf-notes v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 0.9-5.0 at 4K;
@@ -115,8 +123,7 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
 template <typename T>
 bool merge_fixed_split_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
   return p.balanced_target == 0 && sm90_merges_fixed_split(p.num_splits, p.kv_len_per_split) &&
-         kernel_ready<T, true>(d.device) &&
-         detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
+         clusters_of_two_fit<T>(ctas, d);
 }
 
 // A call with seq_lens whose work items the planner kernel lays out (several sequences) runs its items in clusters
@@ -133,8 +140,7 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
   // the planner places pairs in one round of its threads (work_item_planner.cuh)
   const bool one_planner_round = batch <= kPlannerMaxThreads;
   return item_pairs_enabled() && p.item_table != nullptr && two_pieces_each && one_planner_round &&
-         work_items(p) % kSm90ClusterPieces == 0 && kernel_ready<T, true>(d.device) &&
-         detail::clusters_keep_residency<Sm90Tile, sm90::decode_sm90_kernel<T, true>>(kSm90ClusterPieces, ctas, d);
+         work_items(p) % kSm90ClusterPieces == 0 && clusters_of_two_fit<T>(ctas, d);
 }
 
 }  // namespace sm90_detail
