@@ -130,16 +130,17 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
   }
 }
 
-// Waits for the tile's blocks and issues its full S = Q . K^T into s (9 blocks x 4 k16 steps, one commit group),
-// walking the blocks in the order the producer loads them (kOwner = tile % 2: the caller owns the tile). Also
+// Waits for the tile's blocks and issues S = Q . K^T into s (9 blocks x 4 k16 steps), walking the blocks in the
+// order the producer loads them (kOwner = tile % 2: the caller owns the tile); blocks [kFirst, kEnd) of that walk
+// as one commit group, by default all of them. Also
 // issued for a tile whose page was not loaded (s is then garbage and ignored): s stays written only by wgmma on
 // every path, which ptxas needs in order not to serialize the wgmma pipeline.
-template <typename T, int kOwner>
+template <typename T, int kOwner, int kFirst = 0, int kEnd = C::kBlocks>
 __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t kv_smem, uint32_t full_bar,
                                              float (&s)[32]) {
   const uint32_t kv_stage = kv_smem + kOwner * C::kTileBytes;
 #pragma unroll
-  for (int i = 0; i < C::kBlocks; ++i) {
+  for (int i = kFirst; i < kEnd; ++i) {
     const int block = C::walk_block(kOwner, i);
     // One barrier per part: the products on the first part run while the later ones arrive.
     if (C::opens_part(i)) {
@@ -334,7 +335,7 @@ __device__ __forceinline__ void other_tile(int tile, bool loaded, int warp_row, 
   }
 }
 
-template <typename T, bool kMergeInCluster>
+template <typename T, bool kMergeInCluster, bool kEarlyScores>
 __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWork& w, uint8_t* smem, uint32_t base,
                                               uint32_t full_bar, uint32_t empty_bar, float (*published)[64],
                                               float (*red_sum)[64]) {
@@ -391,11 +392,21 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
       other_tile(a + 1, loaded_b, warp_row, published, row_max, row_sum, alpha);
       rescale(acc, alpha);
       issue_values<T>(acc, a + 1, loaded_b, kv_smem, 0);
-      // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
-      // wait for a + 2's copies. (WG1's P . V(b) keeps the tensor cores busy meanwhile, and S(a + 2) starts on the
-      // half requested under softmax b.)
-      finish_values(acc, empty_bar, a + 1, 0, lane);
-      if (a + 2 < n) issue_scores<T, 0>(a + 2, q_smem, kv_smem, full_bar, s);
+      if (kEarlyScores && a + 2 < n) {
+        // S(a + 2) on its half 0 (requested once P . V(a) completed, under softmax b) right behind P . V(b); then
+        // P . V(b) complete, half 0 of stage 1 freed, and the rest of S(a + 2) (perf-notes v60).
+        issue_scores<T, 0, 0, C::kHalfBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
+        wgmma_wait<1>();
+        fence_registers(acc);
+        release_half(empty_bar, a + 1, 0, lane);
+        issue_scores<T, 0, C::kHalfBlocks, C::kBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
+      } else {
+        // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
+        // wait for a + 2's copies. (WG1's P . V(b) keeps the tensor cores busy meanwhile, and S(a + 2) starts on the
+        // half requested under softmax b.)
+        finish_values(acc, empty_bar, a + 1, 0, lane);
+        if (a + 2 < n) issue_scores<T, 0>(a + 2, q_smem, kv_smem, full_bar, s);
+      }
     }
   } else {
     // WG1: odd tiles. At the top of a pair only S(b) can be in flight: P . V(b - 2) completed before S(b) was
@@ -441,7 +452,10 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 // kMergeInCluster: launched in clusters of two CTAs: a (sequence, row block)'s two pieces of a fixed split, or two
 // work items of a call with seq_lens, which merge there (cluster_merge.cuh) when they are the two pieces of one
 // sequence; its own kernel, so that the merge's code does not reshape the usual kernel's loop.
-template <typename T, bool kMergeInCluster = false>
+// kEarlyScores: warpgroup 0 issues the first half of S(a + 2) behind its P . V(b) instead of after it completes;
+// 2-3 % faster where a sequence's row blocks share its tiles in L2 (128 heads), ~2 % slower at 64 heads (perf-notes
+// v60), so the launcher picks it by row blocks per sequence.
+template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
                        const __grid_constant__ CUtensorMap k_pe_map) {
@@ -474,7 +488,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     if (kMergeInCluster && piece_merges_in_cluster(p, w)) join_cluster_merge();
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    detail::consume_tiles<T, kMergeInCluster>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
+    detail::consume_tiles<T, kMergeInCluster, kEarlyScores>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
   }
 #endif
 }

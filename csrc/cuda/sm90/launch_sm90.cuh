@@ -45,17 +45,22 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // Whether this build holds the kernel's sm_90a code for `device` (an sm_80 or PTX-only build compiles an empty
-// body without the static shared memory), and the kernel's dynamic shared-memory limit is raised. Once per device.
+// body without the static shared memory), and the dynamic shared-memory limit of both its schedules (kEarlyScores
+// or not, built together) is raised. Once per device.
 template <typename T, bool kMergeInCluster>
 bool kernel_ready(int device) {
   static std::atomic<int> state[kMaxDevices] = {};
   return remembered_for_device(state, device, [] {
-           const auto kernel = sm90::decode_sm90_kernel<T, kMergeInCluster>;
+           const auto kernel = sm90::decode_sm90_kernel<T, kMergeInCluster, false>;
+           const auto early_kernel = sm90::decode_sm90_kernel<T, kMergeInCluster, true>;
            cudaFuncAttributes attr{};
            bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
                         attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
-           ready = ready && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 Sm90Tile::kSmemBytes) == cudaSuccess;
+           ready = ready &&
+                   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Tile::kSmemBytes) ==
+                       cudaSuccess &&
+                   cudaFuncSetAttribute(early_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Sm90Tile::kSmemBytes) == cudaSuccess;
            if (!ready) cudaGetLastError();
            return ready ? 1 : 0;
          }) == 1;
@@ -187,7 +192,12 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   config.attrs = count > 0 ? attributes : nullptr;
   config.numAttrs = count;
   if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
-  const auto kernel = clustered ? sm90::decode_sm90_kernel<T, true> : sm90::decode_sm90_kernel<T, false>;
+  // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
+  // scores pay (perf-notes v60).
+  const bool early_scores = rows > C::kRowTile;
+  const auto kernel =
+      clustered ? (early_scores ? sm90::decode_sm90_kernel<T, true, true> : sm90::decode_sm90_kernel<T, true, false>)
+                : (early_scores ? sm90::decode_sm90_kernel<T, false, true> : sm90::decode_sm90_kernel<T, false, false>);
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, kv_map, k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
