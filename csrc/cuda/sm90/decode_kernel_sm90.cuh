@@ -453,8 +453,8 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 // work items of a call with seq_lens, which merge there (cluster_merge.cuh) when they are the two pieces of one
 // sequence; its own kernel, so that the merge's code does not reshape the usual kernel's loop.
 // kEarlyScores: warpgroup 0 issues the first half of S(a + 2) behind its P . V(b) instead of after it completes;
-// 2-3 % faster where a sequence's row blocks share its tiles in L2 (128 heads), ~2 % slower at 64 heads (perf-notes
-// v60), so the launcher picks it by row blocks per sequence.
+// about 2 % faster where a sequence's row blocks share its tiles in L2 (128 heads), ~2 % slower at 64 heads (perf-notes
+// v60, v61), so the launcher picks it by row blocks per sequence.
 template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
