@@ -373,7 +373,8 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   }
 
   // Every wgmma wait below is wait<0>, and at each one the group it is for is the last one issued, so the waits hold
-  // whether or not a P . V group was issued for a skipped tile.
+  // whether or not a P . V group was issued for a skipped tile. (The early-scores path's wait<1> is for P . V(b): only
+  // the S group issued behind it may stay in flight.)
   float s[32];
   if (cw == 0) {
     // WG0: even tiles. Only S(a) is in flight at the top of a pair: P . V(a - 1) completed before S(a) was issued.
@@ -453,8 +454,8 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 // work items of a call with seq_lens, which merge there (cluster_merge.cuh) when they are the two pieces of one
 // sequence; its own kernel, so that the merge's code does not reshape the usual kernel's loop.
 // kEarlyScores: warpgroup 0 issues the first half of S(a + 2) behind its P . V(b) instead of after it completes;
-// about 2 % faster where a sequence's row blocks share its tiles in L2 (128 heads), ~2 % slower at 64 heads (perf-notes
-// v60, v61), so the launcher picks it by row blocks per sequence.
+// 2-4 % faster where a sequence's row blocks share its tiles in L2 (128 heads, or several query tokens), ~2 % slower
+// with one row block (64 heads; perf-notes v60, v61), so the launcher picks it by row blocks per sequence.
 template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
