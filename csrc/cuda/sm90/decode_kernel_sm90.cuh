@@ -138,6 +138,7 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
 template <typename T, int kOwner, int kFirst = 0, int kEnd = C::kBlocks>
 __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t kv_smem, uint32_t full_bar,
                                              float (&s)[32]) {
+  static_assert(C::opens_part(kFirst), "a partial walk starts at a part, whose full barrier it waits for");
   const uint32_t kv_stage = kv_smem + kOwner * C::kTileBytes;
 #pragma unroll
   for (int i = kFirst; i < kEnd; ++i) {

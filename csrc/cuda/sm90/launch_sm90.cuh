@@ -44,23 +44,30 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// The kernel with or without warpgroup 0's early scores. Both schedules are built together and take the same
+// resources (ptxas: 168 registers and the same shared memory), so a check made on one holds for the other.
+template <typename T, bool kMergeInCluster>
+auto decode_kernel(bool early_scores) {
+  return early_scores ? sm90::decode_sm90_kernel<T, kMergeInCluster, true>
+                      : sm90::decode_sm90_kernel<T, kMergeInCluster, false>;
+}
+
 // Whether this build holds the kernel's sm_90a code for `device` (an sm_80 or PTX-only build compiles an empty
-// body without the static shared memory), and the dynamic shared-memory limit of both its schedules (kEarlyScores
-// or not, built together) is raised. Once per device.
+// body without the static shared memory), and the dynamic shared-memory limit of both its schedules is raised. Once
+// per device.
 template <typename T, bool kMergeInCluster>
 bool kernel_ready(int device) {
   static std::atomic<int> state[kMaxDevices] = {};
   return remembered_for_device(state, device, [] {
-           const auto kernel = sm90::decode_sm90_kernel<T, kMergeInCluster, false>;
-           const auto early_kernel = sm90::decode_sm90_kernel<T, kMergeInCluster, true>;
            cudaFuncAttributes attr{};
-           bool ready = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90 &&
+           bool ready = cudaFuncGetAttributes(&attr, decode_kernel<T, kMergeInCluster>(false)) == cudaSuccess &&
+                        attr.binaryVersion >= 90 &&
                         attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
-           ready = ready &&
-                   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Tile::kSmemBytes) ==
-                       cudaSuccess &&
-                   cudaFuncSetAttribute(early_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Sm90Tile::kSmemBytes) == cudaSuccess;
+           for (const bool early_scores : {false, true}) {
+             ready = ready && cudaFuncSetAttribute(decode_kernel<T, kMergeInCluster>(early_scores),
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   Sm90Tile::kSmemBytes) == cudaSuccess;
+           }
            if (!ready) cudaGetLastError();
            return ready ? 1 : 0;
          }) == 1;
@@ -112,8 +119,8 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
   return result == CUDA_SUCCESS;
 }
 
-// Whether the clustered kernel (clusters of two CTAs) was compiled and its clusters keep the grid of `ctas` resident:
-// the condition both clustered launches below share.
+// Whether the clustered kernel (clusters of two CTAs) was compiled and its clusters keep the grid of `ctas` resident
+// (either schedule: see decode_kernel): the condition both clustered launches below share.
 template <typename T>
 bool clusters_of_two_fit(int64_t ctas, const DeviceInfo& d) {
   return kernel_ready<T, true>(d.device) &&
@@ -193,11 +200,10 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   config.numAttrs = count;
   if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
   // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
-  // scores pay (perf-notes v60).
+  // scores pay (perf-notes v60, v61).
   const bool early_scores = rows > C::kRowTile;
-  const auto kernel =
-      clustered ? (early_scores ? sm90::decode_sm90_kernel<T, true, true> : sm90::decode_sm90_kernel<T, true, false>)
-                : (early_scores ? sm90::decode_sm90_kernel<T, false, true> : sm90::decode_sm90_kernel<T, false, false>);
+  const auto kernel = clustered ? sm90_detail::decode_kernel<T, true>(early_scores)
+                                : sm90_detail::decode_kernel<T, false>(early_scores);
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, kv_map, k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
