@@ -88,25 +88,36 @@ __device__ __forceinline__ int tile_page(const DecodeParams& p, const CtaWork& w
   return page >= 0 && page < p.num_pages ? page : -1;
 }
 
-// Query rows [row_begin, +64) as [q | q_pe] in the swizzled block layout; rows past S_q * H are zero.
+// Query rows [row_begin, +64) as [q | q_pe] in the swizzled block layout; rows past S_q * H are zero. Eight threads
+// share a row: thread k copies chunk k of each of the row's nine blocks (eight latent, one rotary), so each row's
+// address is worked out once per thread instead of once per chunk (the per-chunk form was half of the instructions a
+// short CTA executes, perf-notes v62), and a warp's copies of one block read four whole 128-byte rows.
 template <typename T>
 __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const CtaWork& w, uint32_t q_smem,
                                                 int consumer_thread) {
   using C = Sm90Tile;
-  constexpr int kChunksPerRow = (kHeadDim + kRopeDim) / 8;  // 16-byte chunks
-  for (int idx = consumer_thread; idx < C::kRowTile * kChunksPerRow; idx += C::kConsumerThreads) {
-    const int row = idx / kChunksPerRow;
-    const int chunk = idx - row * kChunksPerRow;
+  constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  constexpr int kChunksPerBlockRow = 128 / 16;
+  constexpr int kRowsPerPass = C::kConsumerThreads / kChunksPerBlockRow;
+  static_assert(kChunksPerBlockRow * kElemsPerChunk == C::kBlockCols, "a block row is eight 16-byte chunks");
+  const int k = consumer_thread % kChunksPerBlockRow;
+#pragma unroll
+  for (int row = consumer_thread / kChunksPerBlockRow; row < C::kRowTile; row += kRowsPerPass) {
     const int r = w.row_begin + row;
-    const T* src = static_cast<const T*>(p.q);
+    const T* q_row = static_cast<const T*>(p.q);  // a valid address for the zero-filling copies of padding rows
+    const T* q_pe_row = q_row;
     int bytes = 0;
     if (r < w.rows) {
-      src = query_chunk<T>(p, w.batch_index, r, chunk);
+      q_row = query_chunk<T>(p, w.batch_index, r, 0);
+      q_pe_row = query_chunk<T>(p, w.batch_index, r, C::kLatentBlocks * kChunksPerBlockRow);
       bytes = 16;
     }
-    const int block = chunk >> 3;
-    const int c = chunk & 7;
-    cp_async_16(q_smem + block * C::kBlockBytes + row * 128 + ((c ^ (row & 7)) << 4), src, bytes);
+    const uint32_t dst = q_smem + row * 128 + ((k ^ (row & 7)) << 4);
+#pragma unroll
+    for (int block = 0; block < C::kLatentBlocks; ++block) {
+      cp_async_16(dst + block * C::kBlockBytes, q_row + (block * kChunksPerBlockRow + k) * kElemsPerChunk, bytes);
+    }
+    cp_async_16(dst + C::kLatentBlocks * C::kBlockBytes, q_pe_row + k * kElemsPerChunk, bytes);
   }
   cp_async_commit();
   cp_async_wait<0>();
