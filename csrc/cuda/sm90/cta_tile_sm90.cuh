@@ -99,6 +99,7 @@ __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const Cta
   constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunksPerBlockRow = 128 / 16;
   constexpr int kRowsPerPass = C::kConsumerThreads / kChunksPerBlockRow;
+  constexpr int kLatentChunks = C::kLatentBlocks * kChunksPerBlockRow;  // a [q | q_pe] row's first q_pe chunk
   static_assert(kChunksPerBlockRow * kElemsPerChunk == C::kBlockCols, "a block row is eight 16-byte chunks");
   const int k = consumer_thread % kChunksPerBlockRow;
 #pragma unroll
@@ -109,7 +110,7 @@ __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const Cta
     int bytes = 0;
     if (r < w.rows) {
       q_row = query_chunk<T>(p, w.batch_index, r, 0);
-      q_pe_row = query_chunk<T>(p, w.batch_index, r, C::kLatentBlocks * kChunksPerBlockRow);
+      q_pe_row = query_chunk<T>(p, w.batch_index, r, kLatentChunks);
       bytes = 16;
     }
     const uint32_t dst = q_smem + row * 128 + ((k ^ (row & 7)) << 4);
