@@ -190,9 +190,11 @@ __device__ __forceinline__ void release_half(uint32_t empty_bar, int tile, int c
   if (lane == 0) mbarrier_arrive(empty_barrier(empty_bar, tile % C::kStages, cw));
 }
 
-// This warpgroup's P . V of the tile (its last wgmma group) completes; then its V half is released.
+// This warpgroup's P . V of the tile completes; then its V half is released. kPending: wgmma groups issued after
+// that P . V that may stay in flight (the early-scores path's first half of the next S).
+template <int kPending = 0>
 __device__ __forceinline__ void finish_values(float (&acc)[128], uint32_t empty_bar, int tile, int cw, int lane) {
-  wgmma_wait<0>();
+  wgmma_wait<kPending>();
   fence_registers(acc);
   release_half(empty_bar, tile, cw, lane);
 }
@@ -398,9 +400,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
         // S(a + 2) on its half 0 (requested once P . V(a) completed, under softmax b) right behind P . V(b); then
         // P . V(b) complete, half 0 of stage 1 freed, and the rest of S(a + 2) (perf-notes v60).
         issue_scores<T, 0, 0, C::kHalfBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
-        wgmma_wait<1>();
-        fence_registers(acc);
-        release_half(empty_bar, a + 1, 0, lane);
+        finish_values<1>(acc, empty_bar, a + 1, 0, lane);
         issue_scores<T, 0, C::kHalfBlocks, C::kBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
       } else {
         // P . V(b), then free half 0 of stage 1 before S(a + 2) waits for its blocks: the refill of b + 2 must not
