@@ -1,6 +1,6 @@
 """Which CUDA main kernel ran: the per-path launch counters of the private op torch.ops.mla._kernel_launch_counts()
--> [portable, sm90, fp32 tensor-core, cluster merge, item pairs], read in this process or, for switches read once per
-process, in a fresh one."""
+-> [portable, sm90, fp32 tensor-core, cluster merge, item pairs, Hopper configuration], read in this process or, for
+switches read once per process, in a fresh one."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import mla_ext
 
 # CLUSTER_MERGE counts launches (besides their PORTABLE or SM90 count) whose fixed split merged in thread-block
 # clusters, without the combine kernel; ITEM_PAIRS (besides SM90) calls with seq_lens whose work items ran in clusters
-# of two, a sequence of two pieces merged there.
-PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE, ITEM_PAIRS = 0, 1, 2, 3, 4
+# of two, a sequence of two pieces merged there; HOPPER_CONFIG (besides PORTABLE or FP32_TENSOR_CORE) launches of a
+# portable kernel in a configuration that needs Hopper's shared memory.
+PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE, ITEM_PAIRS, HOPPER_CONFIG = 0, 1, 2, 3, 4, 5
 
 
 def _is_hopper():
@@ -34,7 +35,7 @@ requires_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 device a
 
 def launch_counts():
     counts = list(torch.ops.mla._kernel_launch_counts())
-    assert len(counts) == 5, counts
+    assert len(counts) == 6, counts
     return counts
 
 

@@ -16,7 +16,8 @@ enum class KernelPath : int {
   kFp32TensorCore = 2,  // fp32 as 3xTF32 on the tensor cores
   kClusterMerge = 3,    // (besides kPortable or kSm90) a fixed split merged in thread-block clusters
   kItemPairs = 4,       // (besides kSm90) work items run in clusters of two, a two-piece sequence's merged there
-  kCount = 5,
+  kHopperConfig = 5,    // (besides kPortable or kFp32TensorCore) a configuration that needs Hopper's shared memory
+  kCount = 6,
 };
 
 inline std::atomic<int64_t> kernel_launch_counters[static_cast<int>(KernelPath::kCount)] = {};

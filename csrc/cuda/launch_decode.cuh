@@ -117,10 +117,12 @@ bool compiled_for_sm90(int device) {
          }) == 1;
 }
 
+// Whether configuration Cfg runs on the device: its shared memory fits, and a Hopper-only one needs Hopper, where
+// MLA_EXT_DISABLE_SM90 turns those off too (sm90_kernel_enabled), which is how a Hopper machine tests the A100 ones.
 template <class Cfg>
 bool fits(const DeviceInfo& d) {
   return Cfg::kSmemBytes <= d.smem_optin &&
-         (!Cfg::kSm90Only || (d.major == 9 && compiled_for_sm90<KernelOf<Cfg>::kernel>(d.device)));
+         (!Cfg::kSm90Only || (sm90_kernel_enabled(d.major) && compiled_for_sm90<KernelOf<Cfg>::kernel>(d.device)));
 }
 
 // cudaFuncSetAttribute once per (kernel, device); repeating it from racing threads is harmless.
@@ -271,6 +273,7 @@ template <class Cfg, class... Fallbacks>
 bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
   if (detail::fits<Cfg>(d)) {
     launch_decode_with<Cfg>(p, stream, d);
+    if (Cfg::kSm90Only) count_launch(KernelPath::kHopperConfig);
     return true;
   }
   if constexpr (sizeof...(Fallbacks) > 0) {
@@ -293,7 +296,8 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     launched = launch_first_fitting<SimtConfigs::Sm90, SimtConfigs::Sm80, SimtConfigs::Compact>(p, stream, d);
   } else {
     // Hopper: the wgmma + TMA kernel where it supports the problem (over 16 rows per sequence), else the portable one.
-    const Sm90Launch sm90 = sm90_kernel_enabled(d.major) ? launch_decode_sm90<dtype>(p, stream, d) : Sm90Launch{};
+    const bool hopper = sm90_kernel_enabled(d.major);
+    const Sm90Launch sm90 = hopper ? launch_decode_sm90<dtype>(p, stream, d) : Sm90Launch{};
     if (sm90.launched) {
       count_launch(KernelPath::kSm90);
       if (sm90.item_pairs) count_launch(KernelPath::kItemPairs);
@@ -313,12 +317,12 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     } else if (row_tile == kMidRowTile) {
       launched = launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80, typename C::FewRowsCompact>(
           p, stream, d);
-    } else if (d.major == 9 && (p.balanced_target > 0 ? p.balanced_target <= d.sm_count
-                                                      : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count)) {
+    } else if (hopper && (p.balanced_target > 0 ? p.balanced_target <= d.sm_count
+                                                : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count)) {
       // A grid that leaves SMs free gains more from deeper prefetch than from a second CTA per SM.
       launched = launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80, typename C::FewRowsCompact>(
           p, stream, d);
-    } else if (d.major == 9) {
+    } else if (hopper) {
       launched = launch_first_fitting<typename C::FewRowsSm90, typename C::FewRowsCompact>(p, stream, d);
     } else {
       launched = launch_first_fitting<typename C::FewRowsSm80, typename C::FewRowsCompact>(p, stream, d);

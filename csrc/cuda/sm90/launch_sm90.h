@@ -26,7 +26,9 @@ template <DType dtype>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& device);
 
 // Whether a device of compute capability major.x runs this kernel where it supports a call: sm_90 devices unless
-// MLA_EXT_DISABLE_SM90 is set (read once). The launcher and the split planners both go by it.
+// MLA_EXT_DISABLE_SM90 is set (read once). The launcher and the split planners both go by it, and so does the choice
+// of the portable kernels' configurations: with it set, Hopper runs their A100 configurations (clusters and
+// programmatic dependent launch stay on).
 inline bool sm90_kernel_enabled(int major) {
   static const bool disabled = env_switch("MLA_EXT_DISABLE_SM90", false);
   return major == 9 && !disabled;
