@@ -273,7 +273,7 @@ template <class Cfg, class... Fallbacks>
 bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
   if (detail::fits<Cfg>(d)) {
     launch_decode_with<Cfg>(p, stream, d);
-    if (Cfg::kSm90Only) count_launch(KernelPath::kHopperConfig);
+    if constexpr (Cfg::kSm90Only) count_launch(KernelPath::kHopperConfig);
     return true;
   }
   if constexpr (sizeof...(Fallbacks) > 0) {
