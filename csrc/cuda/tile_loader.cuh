@@ -27,22 +27,38 @@ struct RowLayout {
   }
 };
 
-// Query rows [row_begin, row_begin + kRowTile) of the CTA's sequence; rows past S_q * H are zero-filled.
+// Query rows [row_begin, row_begin + kRowTile) of the CTA's sequence; rows past S_q * H are zero-filled. A row is
+// shared by as many threads as it has rotary chunks (8 for 2-byte types, 16 for fp32): thread k copies latent chunks
+// k, k + kPeChunks, ... and rotary chunk k, so it works out its row's q and q_pe addresses once (a division by the head
+// count and three 64-bit products) instead of once per chunk, and a warp's copies read whole 128-byte lines. Its
+// chunks share their swizzle: chunk ^ (row & 7) changes bits 0-2 only.
 template <typename T, int kRowTile, int kThreads>
 __device__ __forceinline__ void load_query_block(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
   using L = RowLayout<T>;
+  constexpr int kThreadsPerRow = L::kPeChunks;
+  constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
+  static_assert(kThreads % kThreadsPerRow == 0 && L::kKvChunks % kThreadsPerRow == 0, "whole rows per pass");
+  const int k = threadIdx.x % kThreadsPerRow;
   const uint32_t base = smem_u32(q_smem);
-  for (int idx = threadIdx.x; idx < kRowTile * L::kChunks; idx += kThreads) {
-    const int row = idx / L::kChunks;
-    const int chunk = idx - row * L::kChunks;
+#pragma unroll
+  for (int pass = 0; pass < (kRowTile + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + static_cast<int>(threadIdx.x / kThreadsPerRow);
+    if (kRowTile % kRowsPerPass != 0 && row >= kRowTile) break;
     const int r = w.row_begin + row;
-    const T* src = static_cast<const T*>(p.q);
-    int bytes = 0;  // rows past S_q * H are zero-filled
+    const T* q_row = static_cast<const T*>(p.q);  // a valid address for the zero-filling copies of padding rows
+    const T* q_pe_row = q_row;
+    int bytes = 0;
     if (r < w.rows) {
-      src = query_chunk<T>(p, w.batch_index, r, chunk);
+      q_row = query_chunk<T>(p, w.batch_index, r, k);
+      q_pe_row = query_chunk<T>(p, w.batch_index, r, L::kKvChunks + k);
       bytes = 16;
     }
-    cp_async_16(base + L::offset(row, chunk), src, bytes);
+    const uint32_t dst = base + L::offset(row, k);
+#pragma unroll
+    for (int i = 0; i < L::kKvChunks / kThreadsPerRow; ++i) {
+      cp_async_16(dst + i * kThreadsPerRow * 16, q_row + i * kThreadsPerRow * L::kElemsPerChunk, bytes);
+    }
+    cp_async_16(dst + L::kKvChunks * 16, q_pe_row, bytes);
   }
 }
 

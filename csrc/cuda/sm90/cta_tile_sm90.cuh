@@ -101,9 +101,11 @@ __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const Cta
   constexpr int kRowsPerPass = C::kConsumerThreads / kChunksPerBlockRow;
   constexpr int kLatentChunks = C::kLatentBlocks * kChunksPerBlockRow;  // a [q | q_pe] row's first q_pe chunk
   static_assert(kChunksPerBlockRow * kElemsPerChunk == C::kBlockCols, "a block row is eight 16-byte chunks");
+  static_assert(C::kRowTile % kRowsPerPass == 0, "whole passes over the tile's rows");
   const int k = consumer_thread % kChunksPerBlockRow;
 #pragma unroll
-  for (int row = consumer_thread / kChunksPerBlockRow; row < C::kRowTile; row += kRowsPerPass) {
+  for (int pass = 0; pass < C::kRowTile / kRowsPerPass; ++pass) {  // a fixed count: no peeled pass
+    const int row = pass * kRowsPerPass + consumer_thread / kChunksPerBlockRow;
     const int r = w.row_begin + row;
     const T* q_row = static_cast<const T*>(p.q);  // a valid address for the zero-filling copies of padding rows
     const T* q_pe_row = q_row;
