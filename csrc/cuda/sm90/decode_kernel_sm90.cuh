@@ -139,7 +139,8 @@ template <typename T, int kOwner, int kFirst = 0, int kEnd = C::kBlocks>
 __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t kv_smem, uint32_t full_bar,
                                              float (&s)[32]) {
   static_assert(C::opens_part(kFirst), "a partial walk starts at a part, whose full barrier it waits for");
-  const uint32_t kv_stage = kv_smem + kOwner * C::kTileBytes;
+  const uint64_t q_desc = smem_descriptor(q_smem, 16, 1024);
+  const uint64_t k_desc = smem_descriptor(kv_smem + kOwner * C::kTileBytes, 16, 1024);
 #pragma unroll
   for (int i = kFirst; i < kEnd; ++i) {
     const int block = C::walk_block(kOwner, i);
@@ -150,8 +151,8 @@ __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t desc_q = smem_descriptor(q_smem + block * C::kBlockBytes + kk * 32, 16, 1024);
-      const uint64_t desc_k = smem_descriptor(kv_stage + block * C::kBlockBytes + kk * 32, 16, 1024);
+      const uint64_t desc_q = advance_descriptor(q_desc, block * C::kBlockBytes + kk * 32);
+      const uint64_t desc_k = advance_descriptor(k_desc, block * C::kBlockBytes + kk * 32);
       if (i == 0 && kk == 0) {
         wgmma_m64n64k16_ss<T, false>(s, desc_q, desc_k);
       } else {
@@ -169,13 +170,14 @@ template <typename T>
 __device__ __forceinline__ void issue_values(float (&acc)[128], int tile, bool loaded, uint32_t kv_smem, int cw) {
   const uint32_t kv_stage = kv_smem + (tile % C::kStages) * C::kTileBytes;
   if (loaded) {
+    const uint64_t p_desc = smem_descriptor(kv_stage + C::kPBlock * C::kBlockBytes, 16, 1024);
+    const uint64_t v_desc = smem_descriptor(kv_stage + cw * C::kHalfBlocks * C::kBlockBytes, C::kBlockBytes, 1024);
     fence_registers(acc);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const uint64_t desc_p = smem_descriptor(kv_stage + C::kPBlock * C::kBlockBytes + ks * 32, 16, 1024);
-      const uint64_t desc_v =
-          smem_descriptor(kv_stage + cw * C::kHalfBlocks * C::kBlockBytes + ks * 2048, C::kBlockBytes, 1024);
+      const uint64_t desc_p = advance_descriptor(p_desc, ks * 32);
+      const uint64_t desc_v = advance_descriptor(v_desc, ks * 2048);
       wgmma_m64n256k16_ss_tb<T>(acc, desc_p, desc_v, 1);
     }
     wgmma_commit();

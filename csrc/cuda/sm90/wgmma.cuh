@@ -25,6 +25,15 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t
   return desc;
 }
 
+// `desc` with its address advanced by `offset_bytes` (a multiple of 16), as one 32-bit add: shared-memory addresses
+// stay below 2^18, so the address field (bits 0-13, address / 16) never carries into the fields above it, and the
+// upper word (stride, swizzle) stays a constant the compiler sees. Each wgmma's descriptors are then one add from a
+// base worked out once, instead of a mask, shift and or per operand.
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t offset_bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (offset_bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // Orders register accesses before the wgmma that reads/writes the accumulators.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
