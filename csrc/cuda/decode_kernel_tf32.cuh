@@ -48,7 +48,10 @@ struct Tf32Tile {
   static constexpr int kWarpKSteps = kKSteps / kWarps;       // 9 per warp: k-steps w, w + 8, ...
   static constexpr int kKeyNTiles = kKeyTile / 8;
   static constexpr int kColNTiles = kHeadDim / 8 / kWarps;  // 8 per warp: columns [64w, 64w + 64)
-  static constexpr int kParities = 3;                       // score accumulators per k-step residue mod 3
+  // Independent S accumulator chains per key block and product size: 16-key tiles (2 key blocks) keep three, one per
+  // k-step residue mod 3, to hide the mma latency; 32-key tiles have 4 key blocks, enough chains of their own.
+  static constexpr int kParities = kKeyTile >= 32 ? 1 : 3;
+  static constexpr int kScoresPerThread = kKeyNTiles * 32 * 4 / kThreads;  // of the tile's 16 x kKeyTile scores
 
   using Row = RowLayout<float>;
   static constexpr int kQOffset = 0;
@@ -60,7 +63,7 @@ struct Tf32Tile {
       kValidOffset + KvPipeline<float, kRowTile, kKeyTile, kStages, kThreads>::kValidBytes;
 
   static_assert(kKSteps % kWarps == 0 && kWarpKSteps % kParities == 0, "k-steps split evenly");
-  static_assert(kKeyNTiles * 32 * 4 == kThreads, "one thread per score of the tile sums the warps' partials");
+  static_assert(kKeyNTiles * 32 * 4 % kThreads == 0, "each thread sums whole scores of the tile over the warps");
   static_assert(kKeyTile % 8 == 0 && kKeyTile <= 32, "key tile: whole 8-key blocks");
   static_assert(kStages >= 2, "pipeline depth");
 };
@@ -183,15 +186,17 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       }
       partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
     }
-    // Thread i sums score i of the tile over the eight warps in warp order and every warp reads all sums back: the
-    // same bits in every warp, for 8 scalar loads per thread instead of 16 vector loads and 56 adds per warp.
+    // Thread i sums scores i, i + 256, ... of the tile over the eight warps in warp order and every warp reads all
+    // sums back: the same bits in every warp, for 8 scalar loads per score instead of a warp's vector loads and adds
+    // over all of them.
     named_barrier(1, Cfg::kThreads);
-    {
-      const float* part = reinterpret_cast<const float*>(partial) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < Cfg::kScoresPerThread; ++i) {
+      const float* part = reinterpret_cast<const float*>(partial) + i * Cfg::kThreads + threadIdx.x;
       float sum = part[0];
 #pragma unroll
       for (int q = 1; q < kW; ++q) sum += part[q * kNT * 32 * 4];
-      reinterpret_cast<float*>(scores)[threadIdx.x] = sum;
+      reinterpret_cast<float*>(scores)[i * Cfg::kThreads + threadIdx.x] = sum;
     }
     named_barrier(1, Cfg::kThreads);
 #pragma unroll

@@ -61,7 +61,7 @@ struct SimtConfigs {
 // fp32 on the tensor cores (3xTF32), 16 query rows per CTA; devices with 99 KB keep the CUDA-core kernel.
 struct Tf32Configs {
   //                        keys, stages, sm90-only
-  using Sm90 = Tf32Tile<16, 4, true>;  // three tiles in flight
+  using Sm90 = Tf32Tile<32, 2, true>;  // one 32-key tile in flight: half the per-tile work per key of 16-key tiles
   using Sm80 = Tf32Tile<16, 3, false>;
   static_assert(Sm90::kSmemBytes <= 232448 && Sm80::kSmemBytes <= 166912, "fp32 tensor-core configs fit");
 };

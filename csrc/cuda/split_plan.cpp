@@ -20,12 +20,13 @@
 namespace mla::cuda {
 namespace {
 
-constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16 (fp32's key tile)
+constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16 (fp32's key tile before Hopper)
 // Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
 // elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
 constexpr int64_t kLargeRowSplitAlign = 64;
-// Splits and balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 16-key tiles divide
-// it): a split or cut of 16 mod 32 keys ends in a half-empty tile that costs a whole one (perf-notes v21, v32).
+// Splits and balanced ranges for few and mid rows cut on those kernels' 32-key tiles (fp32's 32-key tiles on Hopper
+// too; its 16-key tiles elsewhere divide it): a split or cut of 16 mod 32 keys ends in a half-empty tile that costs a
+// whole one (perf-notes v21, v32).
 constexpr int kRangeCutAlign = 32;
 // Batches up to this size: one CTA per SM in balanced splits; see also lone_grid_divisors.
 constexpr int kDeepBatch = 4;
@@ -85,9 +86,9 @@ int64_t most_pieces_of_one_sequence(int capacity, float split_cost) {
 int default_kv_len_per_split(int batch, int rows_per_seq, int capacity, int num_sms, DType dtype, bool sm90) {
   if (capacity <= 0 || batch <= 0 || rows_per_seq <= 0) return static_cast<int>(kSplitAlign);
   const int row_tile = planned_row_tile(rows_per_seq, dtype, sm90);
-  const int64_t align = row_tile == kLargeRowTile  ? kLargeRowSplitAlign
-                        : dtype == DType::kFloat32 ? kSplitAlign
-                                                   : kRangeCutAlign;
+  const int64_t align = row_tile == kLargeRowTile           ? kLargeRowSplitAlign
+                        : dtype == DType::kFloat32 && !sm90 ? kSplitAlign
+                                                            : kRangeCutAlign;
   const int ctas_per_sm = dtype == DType::kFloat32 ? 1 : ctas_per_sm_for(row_tile);
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
   const int64_t row_blocks = ceil_div(rows_per_seq, row_tile);

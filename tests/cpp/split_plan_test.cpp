@@ -51,8 +51,12 @@ void check_shape_only_plan(DType dtype, int batch, int rows, int capacity, int s
     check(hopper % 64 == 0, "sm_90a calls split on its 64-key tiles", dtype, batch, rows, capacity, sms, true, hopper);
   }
   // The sm_90a kernel's own costs (waves, cluster merges) are weighed from 17 rows on only.
-  if (rows <= 16 || !is_16_bit(dtype)) {
+  if (rows <= 16 && is_16_bit(dtype)) {
     check(plain == hopper, "plan unchanged for the portable kernels' calls", dtype, batch, rows, capacity, sms, true,
+          hopper);
+  }
+  if (!is_16_bit(dtype)) {
+    check(hopper % 32 == 0, "fp32 on Hopper splits on its 32-key tiles", dtype, batch, rows, capacity, sms, true,
           hopper);
   }
 }
