@@ -10,15 +10,18 @@
 //     every eighth step puts the swizzled chunks a lane reads at a lane constant plus an immediate; a step's k slots
 //     t and t + 4 hold dims 2t and 2t + 1 (any order of a step's dims gives the same products, if Q and K agree), so
 //     a lane reads both of its K elements with one 8-byte load;
-//   - adds the eight warps' partial scores (exchanged through shared memory in fragment order, each score summed
-//     by one thread, so every warp holds bitwise the same scores) and runs the online softmax redundantly; the score
-//     accumulator layout is the A layout of P . V once its keys are taken in the order (2t, 2t + 1) per 8-key step;
+//   - writes its partial scores to shared memory in fragment order. Thread (warp w, lane l) then runs the online
+//     softmax of row w + 8 (l / 16), keys kKeyTile / 16 * (l % 16) + [0, kKeyTile / 16) of the tile: it sums those
+//     scores over the eight warps in warp order, masks and scales them, takes the row's tile max over the row's 16
+//     lanes, and writes P, split into TF32 parts, in fragment order, and (one lane per row) the row's rescale factor.
+//     Each score's softmax runs once per CTA, not once per warp. The score accumulator layout is the A layout of
+//     P . V once its keys are taken in the order (2t, 2t + 1) per 8-key step;
 //   - accumulates output columns [64w, 64w + 64) as 8 column blocks: n slot s of block ct is column
 //     64w + 8s + (ct ^ 4 (s / 4)), so a lane's B elements of all 8 blocks are one V row's 8 consecutive columns, two
 //     16-byte loads (the lanes of slots 4-7 take their two halves in the other order, which keeps each load free of
 //     bank conflicts); each tile's P . V goes in its own accumulator first, then is added to the running output
 //     (adding every product straight in lets fp32 rounding grow with the split's length, as in the CUDA-core kernel).
-// Three barriers per tile: the pipeline's and two for the partial-score exchange.
+// Three barriers per tile: the pipeline's, one before the softmax reads the partial scores, one before P . V reads P.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,7 +31,6 @@
 #include "../params.h"
 #include "decode_work.cuh"
 #include "device_primitives.cuh"
-#include "fragment_softmax.cuh"
 #include "tile_loader.cuh"
 
 namespace mla::cuda {
@@ -51,22 +53,32 @@ struct Tf32Tile {
   // Independent S accumulator chains per key block and product size: 16-key tiles (2 key blocks) keep three, one per
   // k-step residue mod 3, to hide the mma latency; 32-key tiles have 4 key blocks, enough chains of their own.
   static constexpr int kParities = kKeyTile >= 32 ? 1 : 3;
-  static constexpr int kScoresPerThread = kKeyNTiles * 32 * 4 / kThreads;  // of the tile's 16 x kKeyTile scores
+  static constexpr int kKeysPerLane = kKeyTile / 16;  // the softmax's share of a thread: one row, 1 or 2 keys
 
   using Row = RowLayout<float>;
+  static constexpr int kFragmentBytes = kKeyNTiles * 32 * 16;  // a 16 x kKeyTile tile in fragment order (float4)
   static constexpr int kQOffset = 0;
   static constexpr int kKvOffset = kQOffset + kRowTile * Row::kBytes;
-  static constexpr int kPartialOffset = kKvOffset + kStages * kKeyTile * Row::kBytes;  // [warp][n-tile][lane] float4
-  static constexpr int kScoreOffset = kPartialOffset + kWarps * kKeyNTiles * 32 * 16;  // [n-tile][lane] float4
-  static constexpr int kValidOffset = kScoreOffset + kKeyNTiles * 32 * 16;
+  static constexpr int kPartialOffset = kKvOffset + kStages * kKeyTile * Row::kBytes;  // [warp] fragment tiles
+  static constexpr int kPOffset = kPartialOffset + kWarps * kFragmentBytes;            // P's hi, then lo parts
+  static constexpr int kAlphaOffset = kPOffset + 2 * kFragmentBytes;                   // [8] (alpha_g, alpha_g+8)
+  static constexpr int kRowStatOffset = kAlphaOffset + 8 * 8;                          // [8] (l_g, l_g+8, m_g, m_g+8)
+  static constexpr int kValidOffset = kRowStatOffset + 8 * 16;
   static constexpr int kSmemBytes =
       kValidOffset + KvPipeline<float, kRowTile, kKeyTile, kStages, kThreads>::kValidBytes;
 
   static_assert(kKSteps % kWarps == 0 && kWarpKSteps % kParities == 0, "k-steps split evenly");
-  static_assert(kKeyNTiles * 32 * 4 % kThreads == 0, "each thread sums whole scores of the tile over the warps");
-  static_assert(kKeyTile % 8 == 0 && kKeyTile <= 32, "key tile: whole 8-key blocks");
+  static_assert(kWarps == 8 && kRowTile == 16, "warp w owns rows w and w + 8 in the softmax");
+  static_assert(kKeyTile == 16 || kKeyTile == 32, "key tile: 16 lanes per row own 1 or 2 keys each");
   static_assert(kStages >= 2, "pipeline depth");
 };
+
+// Float4 slot of lane (g, t) in the block of 8-key step nt of a tile in fragment order. g is XOR-ed with nt so that a
+// warp's 8-byte accesses to its two softmax rows (g and g + 8 of every step) fall on each of the 32 banks twice, not on
+// 16 banks four times; for whole float4s it only permutes aligned groups of 8 slots.
+__device__ __forceinline__ int fragment_slot(int g, int t, int nt) {
+  return ((g ^ nt) << 2) + t;
+}
 
 template <class Cfg>
 __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const CtaWork& w) {
@@ -76,13 +88,18 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   constexpr int kCT = Cfg::kColNTiles;
   constexpr int kWKS = Cfg::kWarpKSteps;
   constexpr int kPar = Cfg::kParities;
+  constexpr int kKPL = Cfg::kKeysPerLane;
+  constexpr int kFragFloats = kNT * 32 * 4;  // floats of a tile in fragment order
   constexpr int kRowBytes = Row::kBytes;
   constexpr int kStepBytes = 2 * kW * 16;  // byte distance between a warp's consecutive k-steps
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint8_t* q_smem = smem + Cfg::kQOffset;
   float4* partial = reinterpret_cast<float4*>(smem + Cfg::kPartialOffset);
-  float4* scores = reinterpret_cast<float4*>(smem + Cfg::kScoreOffset);
+  uint32_t* p_hi = reinterpret_cast<uint32_t*>(smem + Cfg::kPOffset);  // P's TF32 parts in fragment order
+  uint32_t* p_lo = p_hi + kFragFloats;
+  float* row_alpha = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);   // [g][half]
+  float* row_stat = reinterpret_cast<float*>(smem + Cfg::kRowStatOffset);  // [g]: l of g, g + 8; m of g, g + 8
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -101,12 +118,16 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   const int v_off[2][2] = {{v_first << 4, (v_first ^ 1) << 4},
                            {kRowBytes + ((v_first ^ 1) << 4), kRowBytes + (v_first << 4)}};
 
-  int row_limit[2];  // rows g and g + 8
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = w.row_begin + g + half * 8;
-    row_limit[half] = r < w.rows ? row_key_limit(p, w.seq_len, r) : 0;
-  }
+  // The softmax's share of this thread: row warp + 8 own_half, keys own_key + [0, kKPL) of each tile. Key k of it is
+  // element 2 own_half + k % 2 of lane (warp, k % 8 / 2)'s accumulator in step k / 8 (own_score + k - own_key in the
+  // partial scores), and element own_half + 2 (k % 2) of that lane's A fragment of P (own_p + 2 (k - own_key)).
+  const int own_half = lane >> 4;
+  const int own_key = (lane & 15) * kKPL;
+  const int own_slot = (own_key >> 3) * 128 + fragment_slot(warp, (own_key & 7) >> 1, own_key >> 3) * 4;
+  const int own_score = own_slot + 2 * own_half + (own_key & 1);
+  const int own_p = own_slot + own_half + 2 * (own_key & 1);
+  const int own_r = w.row_begin + warp + 8 * own_half;
+  const int own_limit = own_r < w.rows ? row_key_limit(p, w.seq_len, own_r) : 0;
 
   KvPipeline<float, Cfg::kRowTile, Cfg::kKeyTile, Cfg::kStages, Cfg::kThreads> pipe{
       smem + Cfg::kKvOffset, smem + Cfg::kValidOffset, {}};
@@ -117,8 +138,8 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   for (int ct = 0; ct < kCT; ++ct)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[ct][e] = 0.f;
-  float row_max[2] = {kNegInf, kNegInf};  // running max, log2 domain (scaled)
-  float row_sum[2] = {0.f, 0.f};          // this thread's share of the running denominator
+  float own_max = kNegInf;                // own row's running max, log2 domain (scaled)
+  float own_sum = 0.f;                    // this thread's share of its row's running denominator
   uint32_t q_hi[kWKS][4], q_lo[kWKS][4];  // A fragments of this warp's k-steps, split once (with tile 0)
 
   for (int tile = 0; tile < w.num_tiles; ++tile) {
@@ -184,54 +205,44 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
         // the big one alone carries the value then.
         s[nt][e] = isfinite(b) ? b + c : b;
       }
-      partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+      partial[(warp * kNT + nt) * 32 + fragment_slot(g, t, nt)] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
     }
-    // Thread i sums scores i, i + 256, ... of the tile over the eight warps in warp order and every warp reads all
-    // sums back: the same bits in every warp, for 8 scalar loads per score instead of a warp's vector loads and adds
-    // over all of them.
     named_barrier(1, Cfg::kThreads);
+
+    // ---- this thread's share of the softmax: its scores summed over the warps in warp order, masked, scaled ----
+    float sc[kKPL];
+    float tile_max = kNegInf;
 #pragma unroll
-    for (int i = 0; i < Cfg::kScoresPerThread; ++i) {
-      const float* part = reinterpret_cast<const float*>(partial) + i * Cfg::kThreads + threadIdx.x;
+    for (int i = 0; i < kKPL; ++i) {
+      const float* part = reinterpret_cast<const float*>(partial) + own_score + i;
       float sum = part[0];
 #pragma unroll
-      for (int q = 1; q < kW; ++q) sum += part[q * kNT * 32 * 4];
-      reinterpret_cast<float*>(scores)[i * Cfg::kThreads + threadIdx.x] = sum;
+      for (int q = 1; q < kW; ++q) sum += part[q * kFragFloats];
+      const bool visible = tile_valid[own_key + i] != 0 && tile_begin + own_key + i < own_limit;
+      sc[i] = visible ? sum * scale_log2 : kNegInf;
+      tile_max = fmaxf(tile_max, sc[i]);
     }
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    const float m_new = fmaxf(own_max, tile_max);
+    const float base = m_new == kNegInf ? 0.f : m_new;  // no key yet: keep exp2 arguments finite (-inf - -inf)
+    const float own_alpha = exp2_ftz(own_max - base);
+    own_max = m_new;
+    own_sum *= own_alpha;
+#pragma unroll
+    for (int i = 0; i < kKPL; ++i) {
+      const float pv = exp2_ftz(sc[i] - base);
+      own_sum += pv;
+      const Tf32Pair split = split_tf32(pv);
+      p_hi[own_p + 2 * i] = split.hi;
+      p_lo[own_p + 2 * i] = split.lo;
+    }
+    if ((lane & 15) == 0) row_alpha[2 * warp + own_half] = own_alpha;
     named_barrier(1, Cfg::kThreads);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const float4 sum = scores[nt * 32 + lane];
-      s[nt][0] = sum.x;
-      s[nt][1] = sum.y;
-      s[nt][2] = sum.z;
-      s[nt][3] = sum.w;
-    }
 
-    // ---- mask, scale, online softmax (whole rows are in this warp) ----
-    float alpha[2];
-    float base[2];
-    fragment_softmax_rescale</*kFtz=*/true>(s, tile_valid, tile_begin, row_limit, t, scale_log2, row_max, row_sum,
-                                            alpha, base);
-    // P as A fragments of P . V: 8-key step nt takes its keys in the order (2t, 2t + 1), so the accumulator's
-    // (row g, key 2t), (row g + 8, key 2t), (row g, key 2t + 1), (row g + 8, key 2t + 1) are a0..a3.
-    uint32_t pa_hi[kNT][4], pa_lo[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const float p0 = exp2_ftz(s[nt][0] - base[0]);
-      const float p1 = exp2_ftz(s[nt][1] - base[0]);
-      const float p2 = exp2_ftz(s[nt][2] - base[1]);
-      const float p3 = exp2_ftz(s[nt][3] - base[1]);
-      row_sum[0] += p0 + p1;
-      row_sum[1] += p2 + p3;
-      const float pv[4] = {p0, p2, p1, p3};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const Tf32Pair split = split_tf32(pv[e]);
-        pa_hi[nt][e] = split.hi;
-        pa_lo[nt][e] = split.lo;
-      }
-    }
+    // P's A fragments (8-key step nt takes its keys in the order (2t, 2t + 1)): (row g, key 2t), (row g + 8, key 2t),
+    // (row g, key 2t + 1), (row g + 8, key 2t + 1), as written above.
+    const float2 alpha = *reinterpret_cast<const float2*>(row_alpha + 2 * g);  // rows g, g + 8
 
     // ---- this tile's P . V over this warp's columns, then acc = acc * alpha + it ----
     // B: V rows 8 nt + 2t, 8 nt + 2t + 1 (keys k = t, t + 4 of the step); block ct at column
@@ -243,6 +254,11 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       for (int e = 0; e < 4; ++e) tile_acc[ct][e] = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
+      const int slot = (nt * 32 + fragment_slot(g, t, nt)) * 4;
+      const uint4 hi = *reinterpret_cast<const uint4*>(p_hi + slot);
+      const uint4 lo = *reinterpret_cast<const uint4*>(p_lo + slot);
+      const uint32_t pa_hi[4] = {hi.x, hi.y, hi.z, hi.w};
+      const uint32_t pa_lo[4] = {lo.x, lo.y, lo.z, lo.w};
       float v[2][kCT];  // rows 2t, 2t + 1: element ct is block ct's B element
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
@@ -260,34 +276,44 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       for (int ct = 0; ct < kCT; ++ct) {
         const Tf32Pair b0 = split_tf32(v[0][ct]);
         const Tf32Pair b1 = split_tf32(v[1][ct]);
-        mma_1688_tf32(tile_acc[ct], pa_lo[nt], b0.hi, b1.hi);
-        mma_1688_tf32(tile_acc[ct], pa_hi[nt], b0.lo, b1.lo);
-        mma_1688_tf32(tile_acc[ct], pa_hi[nt], b0.hi, b1.hi);
+        mma_1688_tf32(tile_acc[ct], pa_lo, b0.hi, b1.hi);
+        mma_1688_tf32(tile_acc[ct], pa_hi, b0.lo, b1.lo);
+        mma_1688_tf32(tile_acc[ct], pa_hi, b0.hi, b1.hi);
       }
     }
 #pragma unroll
     for (int ct = 0; ct < kCT; ++ct) {
-      acc[ct][0] = fmaf(acc[ct][0], alpha[0], tile_acc[ct][0]);
-      acc[ct][1] = fmaf(acc[ct][1], alpha[0], tile_acc[ct][1]);
-      acc[ct][2] = fmaf(acc[ct][2], alpha[1], tile_acc[ct][2]);
-      acc[ct][3] = fmaf(acc[ct][3], alpha[1], tile_acc[ct][3]);
+      acc[ct][0] = fmaf(acc[ct][0], alpha.x, tile_acc[ct][0]);
+      acc[ct][1] = fmaf(acc[ct][1], alpha.x, tile_acc[ct][1]);
+      acc[ct][2] = fmaf(acc[ct][2], alpha.y, tile_acc[ct][2]);
+      acc[ct][3] = fmaf(acc[ct][3], alpha.y, tile_acc[ct][3]);
     }
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: each warp holds whole-row sums; write its columns 64w + 16t + [0, 16) ----
+  // ---- epilogue: the softmax's owners publish their rows' sums and maxima; each warp writes its columns ----
+  float own_l = own_sum;
+#pragma unroll
+  for (int off = 1; off < 16; off <<= 1) own_l += __shfl_xor_sync(0xffffffffu, own_l, off);
+  if ((lane & 15) == 0) {
+    row_stat[4 * warp + own_half] = own_l;
+    row_stat[4 * warp + 2 + own_half] = own_max;
+  }
+  named_barrier(1, Cfg::kThreads);
+  const float4 stat = *reinterpret_cast<const float4*>(row_stat + 4 * g);  // rows g, g + 8
+
+  // Columns 64w + 16t + [0, 16) of rows g, g + 8:
   // acc[ct][2 half + e] is n slot 2t + e of block ct: column 64w + 16t + 8e + (ct ^ swap), swap = 4 (t / 2). Pair j
   // (columns 64w + 16t + 2j, + 1) is blocks 2q, 2q + 1 of slot e = j / 4, q = (j % 4) ^ (swap / 2): a select between
   // two register pairs, once per CTA.
   const bool swap = (t >> 1) != 0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float l = row_sum[half];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int r = w.row_begin + g + half * 8;
     if (r >= w.rows) continue;
-    write_row_result<float, kCT, 2>(p, w, r, l, row_max[half], 64 * warp + 16 * t, warp == 0 && t == 0, [&](int j) {
+    const float l = half == 0 ? stat.x : stat.y;
+    const float m = half == 0 ? stat.z : stat.w;
+    write_row_result<float, kCT, 2>(p, w, r, l, m, 64 * warp + 16 * t, warp == 0 && t == 0, [&](int j) {
       const int e = half * 2 + j / 4;
       const int q = j % 4;
       const float2 straight = make_float2(acc[2 * q][e], acc[2 * q + 1][e]);
