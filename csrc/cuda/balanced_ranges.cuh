@@ -98,22 +98,22 @@ __device__ __forceinline__ RangeLine whole_sequence_line(const DecodeParams& p, 
 
 // The same in every warp: the batch's line cut into the target's ranges, but cuts at least sqrt(split_cost * longest
 // sequence) apart (finer ones cost more in partials than they save), rounded up to the alignment; for equal lengths
-// the whole-piece line, unless it leaves more than an eighth of those ranges unused. Warp-cooperative: all 32 lanes
-// call it.
-__device__ __forceinline__ RangeLine range_line(const DecodeParams& p) {
-  const WarpGroup warp{};
+// the whole-piece line, unless it leaves more than an eighth of those ranges unused. Group-cooperative
+// (plan_groups.cuh): every member calls it.
+template <class Group>
+__device__ __forceinline__ RangeLine range_line(const DecodeParams& p, const Group& g) {
   int64_t total = 0;
   int longest = 0;
   int shortest = INT_MAX;
-  for (int b = warp.rank(); b < p.batch; b += warp.size()) {
+  for (int b = g.rank(); b < p.batch; b += g.size()) {
     const int len = clamped_seq_len(p, b);
     total += line_positions(p.balanced_seq_cost, len);
     longest = max(longest, len);
     shortest = min(shortest, len);
   }
-  total = warp.sum(total);
-  longest = warp.max(longest);
-  shortest = -warp.max(-shortest);
+  total = g.sum(total);
+  longest = g.max(longest);
+  shortest = -g.max(-shortest);
   const int64_t even = (total + p.balanced_target - 1) / p.balanced_target;
   const int64_t floor_len = static_cast<int64_t>(ceilf(sqrtf(p.balanced_split_cost * static_cast<float>(longest))));
   const RangeLine line{round_up_cut(p, max(max(even, floor_len), int64_t{1})), p.balanced_seq_cost};
@@ -127,11 +127,13 @@ __device__ __forceinline__ RangeLine range_line(const DecodeParams& p) {
 }
 
 // The cursor at the start of range `range`: the sequence holding position range * L (an exclusive prefix sum over
-// the batch, 32 sequences per step) and the cut there. Warp-cooperative.
+// the batch, 32 sequences per step) and the cut there. Warp-cooperative; a batch of one sequence is planned by each
+// thread alone, without the warp's chains of shuffles.
 __device__ __forceinline__ RangeCursor range_start(const DecodeParams& p, int range) {
   const int lane = threadIdx.x & 31;
+  const bool one = p.batch == 1;
   RangeCursor c;
-  const RangeLine line = range_line(p);
+  const RangeLine line = one ? range_line(p, ThreadGroup{}) : range_line(p, WarpGroup{});
   c.length = line.length;
   c.seq_cost = line.seq_cost;
   const int64_t begin = static_cast<int64_t>(range) * c.length;
@@ -140,7 +142,8 @@ __device__ __forceinline__ RangeCursor range_start(const DecodeParams& p, int ra
   c.seq_start = 0;
   c.key_begin = 0;
   int64_t before = 0;  // positions of the sequences already passed
-  for (int b0 = 0; b0 < p.batch; b0 += 32) {
+  if (one && begin < line_positions(c.seq_cost, clamped_seq_len(p, 0))) c.batch_index = 0;
+  for (int b0 = 0; !one && b0 < p.batch; b0 += 32) {
     const int b = b0 + lane;
     const int64_t own = b < p.batch ? line_positions(c.seq_cost, clamped_seq_len(p, b)) : 0;
     const int64_t inclusive = warp_inclusive_sum(own);

@@ -2,8 +2,9 @@
 // its own item, or the planner kernel's whole CTA, whose warps each take a share of the batch (one sequence per
 // thread up to its size), so the plan's passes over seq_lens run side by side instead of as one warp's chain of
 // dependent loads and divisions (perf-notes v15, v26, v27); a batch of up to 32 sequences keeps the warp, which needs
-// no shared memory or barriers. Every member of the group calls each function with the same arguments; results are the
-// same in every thread and exact (integer sums and maxima), so both groups plan alike.
+// no shared memory or barriers; a batch of one sequence takes each thread alone, whose plan needs no communication.
+// Every member of the group calls each function with the same arguments; results are the same in every thread and
+// exact (integer sums and maxima), so all groups plan alike.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +15,16 @@
 #include "device_primitives.cuh"
 
 namespace mla::cuda {
+
+// Each thread on its own: for a batch of one sequence, where a warp's reductions would only add latency (a chain of
+// shuffles per sum) to what one thread computes.
+struct ThreadGroup {
+  __device__ __forceinline__ int rank() const { return 0; }
+  __device__ __forceinline__ int size() const { return 1; }
+  __device__ __forceinline__ int64_t sum(int64_t v) const { return v; }
+  __device__ __forceinline__ int2 sum(int2 v) const { return v; }
+  __device__ __forceinline__ int max(int v) const { return v; }
+};
 
 struct WarpGroup {
   __device__ __forceinline__ int rank() const { return threadIdx.x & 31; }
