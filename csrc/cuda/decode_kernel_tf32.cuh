@@ -7,20 +7,16 @@
 // One CTA = (sequence, 16 query rows, KV split), 8 warps. Warp w
 //   - computes partial scores over k8 steps w, w + 8, ... (72 dims) for all keys of the tile, with Q split into
 //     registers once, and independent accumulator chains per key block, k-step residue and product size; taking
-//     every eighth step puts the swizzled chunks a lane reads at a lane constant plus an immediate; a step's k slots
-//     t and t + 4 hold dims 2t and 2t + 1 (any order of a step's dims gives the same products, if Q and K agree), so
-//     a lane reads both of its K elements with one 8-byte load;
+//     every eighth step puts the swizzled chunks a lane reads at a lane constant plus an immediate;
 //   - writes its partial scores to shared memory in fragment order. Thread (warp w, lane l) then runs the online
 //     softmax of row w + 8 (l / 16), keys kKeyTile / 16 * (l % 16) + [0, kKeyTile / 16) of the tile: it sums those
 //     scores over the eight warps in warp order, masks and scales them, takes the row's tile max over the row's 16
 //     lanes, and writes P, split into TF32 parts, in fragment order, and (one lane per row) the row's rescale factor.
 //     Each score's softmax runs once per CTA, not once per warp. The score accumulator layout is the A layout of
 //     P . V once its keys are taken in the order (2t, 2t + 1) per 8-key step;
-//   - accumulates output columns [64w, 64w + 64) as 8 column blocks: n slot s of block ct is column
-//     64w + 8s + (ct ^ 4 (s / 4)), so a lane's B elements of all 8 blocks are one V row's 8 consecutive columns, two
-//     16-byte loads (the lanes of slots 4-7 take their two halves in the other order, which keeps each load free of
-//     bank conflicts); each tile's P . V goes in its own accumulator first, then is added to the running output
-//     (adding every product straight in lets fp32 rounding grow with the split's length, as in the CUDA-core kernel).
+//   - accumulates output column blocks w, w + 8, ... (64 columns): each tile's P . V in its own accumulator first,
+//     then added to the running output (adding every product straight in lets fp32 rounding grow with the split's
+//     length, as in the CUDA-core kernel).
 // Three barriers per tile: the pipeline's, one before the softmax reads the partial scores, one before P . V reads P.
 #pragma once
 
@@ -49,7 +45,7 @@ struct Tf32Tile {
   static constexpr int kKSteps = (kHeadDim + kRopeDim) / 8;  // 72 k8 steps over the 576 dims
   static constexpr int kWarpKSteps = kKSteps / kWarps;       // 9 per warp: k-steps w, w + 8, ...
   static constexpr int kKeyNTiles = kKeyTile / 8;
-  static constexpr int kColNTiles = kHeadDim / 8 / kWarps;  // 8 per warp: columns [64w, 64w + 64)
+  static constexpr int kColNTiles = kHeadDim / 8 / kWarps;  // 8 per warp: column blocks w, w + 8, ...
   // Independent S accumulator chains per key block and product size: 16-key tiles (2 key blocks) keep three, one per
   // k-step residue mod 3, to hide the mma latency; 32-key tiles have 4 key blocks, enough chains of their own.
   static constexpr int kParities = kKeyTile >= 32 ? 1 : 3;
@@ -91,7 +87,7 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   constexpr int kKPL = Cfg::kKeysPerLane;
   constexpr int kFragFloats = kNT * 32 * 4;  // floats of a tile in fragment order
   constexpr int kRowBytes = Row::kBytes;
-  constexpr int kStepBytes = 2 * kW * 16;  // byte distance between a warp's consecutive k-steps
+  constexpr int kStepBytes = 2 * kW * 16;  // chunk distance between a warp's consecutive k-steps / column blocks
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint8_t* q_smem = smem + Cfg::kQOffset;
@@ -107,16 +103,15 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   const int t = lane & 3;   // fragment column (A) / row (B)
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
 
-  // Warp w takes k-steps w + 8 j: this lane's dims 2t, 2t + 1 of step j lie in chunk 2w + t / 2 + 16 j. Q and K rows
-  // read by this lane have r % 8 = g, so the swizzled chunk is 16 j plus a lane constant: every Q / K load below is a
-  // base register plus an immediate. V rows 2t and 2t + 1 of each 8-key step hold this lane's 8 columns
-  // 64w + 8g + [0, 8) in chunks c and c ^ 1 (c = 16w + 2g, swizzled by the row); the first load takes half g / 4.
-  const int qk_off = ((((2 * warp) + (t >> 1)) ^ g) << 4) + 8 * (t & 1);
-  const int v_first = 16 * warp + ((2 * g + (g >> 2)) ^ (2 * t));  // swizzled chunk of the first half, row 2t
-  const uint8_t* v_base = smem + Cfg::kKvOffset + 2 * t * kRowBytes;
-  // Rows 2t and 2t + 1, first and second load: row 2t + 1 swizzles by one more, so its halves swap chunks.
-  const int v_off[2][2] = {{v_first << 4, (v_first ^ 1) << 4},
-                           {kRowBytes + ((v_first ^ 1) << 4), kRowBytes + (v_first << 4)}};
+  // Warp w takes k-steps w + 8 j (chunks 2w + 16 j and 2w + 1 + 16 j) and column blocks w + 8 j (chunk
+  // 2w + g / 4 + 16 j). Rows read by this lane have r % 8 = g (Q, K) or 2t, 2t + 1 (V), so the swizzled chunk is
+  // 16 j plus a lane constant: every load below is a base register plus an immediate.
+  const int qk_off0 = (((2 * warp) ^ g) << 4) + 4 * t;
+  const int qk_off1 = (((2 * warp + 1) ^ g) << 4) + 4 * t;
+  const int v_chunk = 2 * warp + (g >> 2);
+  const uint8_t* v_row0 = smem + Cfg::kKvOffset + 2 * t * kRowBytes + ((v_chunk ^ (2 * t)) << 4) + 4 * (g & 3);
+  const uint8_t* v_row1 =
+      smem + Cfg::kKvOffset + (2 * t + 1) * kRowBytes + ((v_chunk ^ (2 * t + 1)) << 4) + 4 * (g & 3);
 
   // The softmax's share of this thread: row warp + 8 own_half, keys own_key + [0, kKPL) of each tile. Key k of it is
   // element 2 own_half + k % 2 of lane (warp, k % 8 / 2)'s accumulator in step k / 8 (own_score + k - own_key in the
@@ -153,15 +148,11 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
 #pragma unroll
       for (int j = 0; j < kWKS; ++j) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-          const float2 v =
-              *reinterpret_cast<const float2*>(q_smem + (g + 8 * half) * kRowBytes + qk_off + j * kStepBytes);
-          const Tf32Pair x = split_tf32(v.x);
-          const Tf32Pair y = split_tf32(v.y);
-          q_hi[j][half] = x.hi;
-          q_lo[j][half] = x.lo;
-          q_hi[j][2 + half] = y.hi;
-          q_lo[j][2 + half] = y.lo;
+        for (int e = 0; e < 4; ++e) {  // a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+          const int off = (e & 1) * 8 * kRowBytes + ((e >> 1) ? qk_off1 : qk_off0) + j * kStepBytes;
+          const Tf32Pair split = split_tf32(*reinterpret_cast<const float*>(q_smem + g * kRowBytes + off));
+          q_hi[j][e] = split.hi;
+          q_lo[j][e] = split.lo;
         }
       }
     }
@@ -181,9 +172,9 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       const int par = j % kPar;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        const float2 k = *reinterpret_cast<const float2*>(k_row + nt * 8 * kRowBytes + j * kStepBytes + qk_off);
-        const Tf32Pair b0 = split_tf32(k.x);
-        const Tf32Pair b1 = split_tf32(k.y);
+        const uint8_t* key = k_row + nt * 8 * kRowBytes + j * kStepBytes;
+        const Tf32Pair b0 = split_tf32(*reinterpret_cast<const float*>(key + qk_off0));
+        const Tf32Pair b1 = split_tf32(*reinterpret_cast<const float*>(key + qk_off1));
         mma_1688_tf32(small[par][nt], q_lo[j], b0.hi, b1.hi);
         mma_1688_tf32(small[par][nt], q_hi[j], b0.lo, b1.lo);
         mma_1688_tf32(big[par][nt], q_hi[j], b0.hi, b1.hi);
@@ -245,8 +236,7 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
     const float2 alpha = *reinterpret_cast<const float2*>(row_alpha + 2 * g);  // rows g, g + 8
 
     // ---- this tile's P . V over this warp's columns, then acc = acc * alpha + it ----
-    // B: V rows 8 nt + 2t, 8 nt + 2t + 1 (keys k = t, t + 4 of the step); block ct at column
-    // 64w + 8g + (ct ^ 4 (g / 4)).
+    // B: V rows 8 nt + 2t, 8 nt + 2t + 1 (keys k = t, t + 4 of the step) at column 8 (w + 8 j) + g.
     float tile_acc[kCT][4];
 #pragma unroll
     for (int ct = 0; ct < kCT; ++ct)
@@ -259,23 +249,11 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
       const uint4 lo = *reinterpret_cast<const uint4*>(p_lo + slot);
       const uint32_t pa_hi[4] = {hi.x, hi.y, hi.z, hi.w};
       const uint32_t pa_lo[4] = {lo.x, lo.y, lo.z, lo.w};
-      float v[2][kCT];  // rows 2t, 2t + 1: element ct is block ct's B element
-#pragma unroll
-      for (int row = 0; row < 2; ++row) {
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {
-          const float4 x =
-              *reinterpret_cast<const float4*>(v_base + stage_bytes + nt * 8 * kRowBytes + v_off[row][part]);
-          v[row][4 * part] = x.x;
-          v[row][4 * part + 1] = x.y;
-          v[row][4 * part + 2] = x.z;
-          v[row][4 * part + 3] = x.w;
-        }
-      }
 #pragma unroll
       for (int ct = 0; ct < kCT; ++ct) {
-        const Tf32Pair b0 = split_tf32(v[0][ct]);
-        const Tf32Pair b1 = split_tf32(v[1][ct]);
+        const int off = stage_bytes + nt * 8 * kRowBytes + ct * kStepBytes;
+        const Tf32Pair b0 = split_tf32(*reinterpret_cast<const float*>(v_row0 + off));
+        const Tf32Pair b1 = split_tf32(*reinterpret_cast<const float*>(v_row1 + off));
         mma_1688_tf32(tile_acc[ct], pa_lo, b0.hi, b1.hi);
         mma_1688_tf32(tile_acc[ct], pa_hi, b0.lo, b1.lo);
         mma_1688_tf32(tile_acc[ct], pa_hi, b0.hi, b1.hi);
@@ -302,24 +280,15 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   named_barrier(1, Cfg::kThreads);
   const float4 stat = *reinterpret_cast<const float4*>(row_stat + 4 * g);  // rows g, g + 8
 
-  // Columns 64w + 16t + [0, 16) of rows g, g + 8:
-  // acc[ct][2 half + e] is n slot 2t + e of block ct: column 64w + 16t + 8e + (ct ^ swap), swap = 4 (t / 2). Pair j
-  // (columns 64w + 16t + 2j, + 1) is blocks 2q, 2q + 1 of slot e = j / 4, q = (j % 4) ^ (swap / 2): a select between
-  // two register pairs, once per CTA.
-  const bool swap = (t >> 1) != 0;
+  // Columns 8 (w + 8 j) + 2t, + 1 of rows g, g + 8:
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = w.row_begin + g + half * 8;
     if (r >= w.rows) continue;
     const float l = half == 0 ? stat.x : stat.y;
     const float m = half == 0 ? stat.z : stat.w;
-    write_row_result<float, kCT, 2>(p, w, r, l, m, 64 * warp + 16 * t, warp == 0 && t == 0, [&](int j) {
-      const int e = half * 2 + j / 4;
-      const int q = j % 4;
-      const float2 straight = make_float2(acc[2 * q][e], acc[2 * q + 1][e]);
-      const float2 swapped = make_float2(acc[2 * (q ^ 2)][e], acc[2 * (q ^ 2) + 1][e]);
-      return swap ? swapped : straight;
-    });
+    write_row_result<float, kCT, 8 * kW>(p, w, r, l, m, 8 * warp + 2 * t, warp == 0 && t == 0,
+                                         [&](int ct) { return make_float2(acc[ct][half * 2], acc[ct][half * 2 + 1]); });
   }
 }
 
