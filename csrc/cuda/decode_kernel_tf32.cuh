@@ -85,7 +85,7 @@ __device__ __forceinline__ void decode_tf32_body(const DecodeParams& p, const Ct
   constexpr int kWKS = Cfg::kWarpKSteps;
   constexpr int kPar = Cfg::kParities;
   constexpr int kKPL = Cfg::kKeysPerLane;
-  constexpr int kFragFloats = kNT * 32 * 4;  // floats of a tile in fragment order
+  constexpr int kFragFloats = Cfg::kFragmentBytes / 4;  // floats of a tile in fragment order
   constexpr int kRowBytes = Row::kBytes;
   constexpr int kStepBytes = 2 * kW * 16;  // chunk distance between a warp's consecutive k-steps / column blocks
 

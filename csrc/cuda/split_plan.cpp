@@ -20,7 +20,7 @@
 namespace mla::cuda {
 namespace {
 
-constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16 (fp32's key tile before Hopper)
+constexpr int64_t kSplitAlign = 16;  // kv_len_per_split is a multiple of 16 (fp32's 16-key tile off Hopper)
 // Many-row blocks split on 64-key boundaries: the Hopper kernel loads whole 64-key tiles (a split that starts
 // elsewhere sends the call to the portable kernel), and the portable kernel's tiles are 64 or 32 keys anyway.
 constexpr int64_t kLargeRowSplitAlign = 64;
