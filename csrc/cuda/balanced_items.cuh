@@ -149,12 +149,12 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p, const 
   return BatchPlan{chunk, items.x};
 }
 
-// Work item `item` of a batch of one sequence, planned by each thread of its CTA alone (no planner kernel, see
-// item_table; no warp reductions over one sequence): the sequence's pieces, then spares. Out of line: inlined, plan
-// code in the kernels' prologue slowed every call (perf-notes v13).
+// Work item `item` of a batch of one sequence, planned by its CTA (no planner kernel, see item_table): the sequence's
+// pieces, then spares. Out of line: inlined, plan code in the kernels' prologue slowed every call (perf-notes v13).
+// Planned by a warp: each thread alone measured slower on the sm_90a kernel at long lengths (perf-notes v68, v69).
 // Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
 static __device__ __noinline__ int4 single_sequence_item(const DecodeParams& p, int item) {
-  const SequenceSplits s = splits_of(p, balanced_plan(p, ThreadGroup{}).chunk, clamped_seq_len(p, 0));
+  const SequenceSplits s = splits_of(p, balanced_plan(p, WarpGroup{}).chunk, clamped_seq_len(p, 0));
   return item < s.count ? make_int4(0, 0, s.count, s.length) : make_int4(-1, 0, 1, 0);
 }
 

@@ -2,7 +2,8 @@
 // its own item, or the planner kernel's whole CTA, whose warps each take a share of the batch (one sequence per
 // thread up to its size), so the plan's passes over seq_lens run side by side instead of as one warp's chain of
 // dependent loads and divisions (perf-notes v15, v26, v27); a batch of up to 32 sequences keeps the warp, which needs
-// no shared memory or barriers; a batch of one sequence takes each thread alone, whose plan needs no communication.
+// no shared memory or barriers; the few-row kernels' range start for a batch of one sequence takes each thread
+// alone, whose plan needs no communication.
 // Every member of the group calls each function with the same arguments; results are the same in every thread and
 // exact (integer sums and maxima), so all groups plan alike.
 #pragma once
