@@ -57,9 +57,9 @@ struct Tf32Tile {
   static constexpr int kKvOffset = kQOffset + kRowTile * Row::kBytes;
   static constexpr int kPartialOffset = kKvOffset + kStages * kKeyTile * Row::kBytes;  // [warp] fragment tiles
   static constexpr int kPOffset = kPartialOffset + kWarps * kFragmentBytes;            // P's hi, then lo parts
-  static constexpr int kAlphaOffset = kPOffset + 2 * kFragmentBytes;                   // [8] (alpha_g, alpha_g+8)
-  static constexpr int kRowStatOffset = kAlphaOffset + 8 * 8;                          // [8] (l_g, l_g+8, m_g, m_g+8)
-  static constexpr int kValidOffset = kRowStatOffset + 8 * 16;
+  static constexpr int kAlphaOffset = kPOffset + 2 * kFragmentBytes;                   // [warp g] (alpha_g, alpha_g+8)
+  static constexpr int kRowStatOffset = kAlphaOffset + kWarps * 8;  // [warp g] (l_g, l_g+8, m_g, m_g+8)
+  static constexpr int kValidOffset = kRowStatOffset + kWarps * 16;
   static constexpr int kSmemBytes =
       kValidOffset + KvPipeline<float, kRowTile, kKeyTile, kStages, kThreads>::kValidBytes;
 

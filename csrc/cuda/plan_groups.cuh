@@ -18,12 +18,11 @@
 namespace mla::cuda {
 
 // Each thread on its own: for a batch of one sequence, where a warp's reductions would only add latency (a chain of
-// shuffles per sum) to what one thread computes.
+// shuffles per sum) to what one thread computes. Only the reductions range_line uses.
 struct ThreadGroup {
   __device__ __forceinline__ int rank() const { return 0; }
   __device__ __forceinline__ int size() const { return 1; }
   __device__ __forceinline__ int64_t sum(int64_t v) const { return v; }
-  __device__ __forceinline__ int2 sum(int2 v) const { return v; }
   __device__ __forceinline__ int max(int v) const { return v; }
 };
 
