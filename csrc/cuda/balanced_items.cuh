@@ -151,8 +151,8 @@ __device__ __forceinline__ BatchPlan balanced_plan(const DecodeParams& p, const 
 
 // Work item `item` of a batch of one sequence, planned by its CTA (no planner kernel, see item_table): the sequence's
 // pieces, then spares. Out of line: inlined, plan code in the kernels' prologue slowed every call (perf-notes v13).
-// Planned by a warp: the same split as each thread alone, but the sm_90a kernel compiled with that call measured
-// faster at long lengths and slower at short ones (its loop's machine code differs, perf-notes v69).
+// Planned by a warp rather than by each thread alone: the split is the same, and the sm_90a kernel built with the
+// warp's call measured faster at long lengths, slower at short ones (its loop's machine code differs, perf-notes v69).
 // Static: every instantiation file compiles its own copy (one shared symbol would be defined twice).
 static __device__ __noinline__ int4 single_sequence_item(const DecodeParams& p, int item) {
   const SequenceSplits s = splits_of(p, balanced_plan(p, WarpGroup{}).chunk, clamped_seq_len(p, 0));
