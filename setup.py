@@ -12,6 +12,8 @@ Environment knobs:
   MAX_JOBS                  parallel compile jobs (torch's ninja builder)
   CUDA_HOME / CUDA_PATH     the CUDA toolkit root (found from nvcc when unset)
 
+The sources come from csrc/sources.txt (shared with CMakeLists.txt).
+
 The library holds only TORCH_LIBRARY registrations and no Python module, so it is built against the stable ABI
 (py_limited_api): one wheel per torch version serves every CPython that torch supports.
 """
@@ -92,22 +94,25 @@ import torch  # noqa: E402
 import torch.utils.cpp_extension as cpp_extension  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-CPU_SOURCES = [
-    "csrc/ops.cpp",
-    "csrc/decode_args.cpp",
-    "csrc/build_checks.cpp",
-    "csrc/cpu/ops_cpu.cpp",
-    "csrc/cpu/decode_cpu.cpp",
-]
-CUDA_SOURCES = [
-    "csrc/cuda/decode_cuda.cpp",
-    "csrc/cuda/split_plan.cpp",
-    "csrc/cuda/instantiations/fp16.cu",
-    "csrc/cuda/instantiations/bf16.cu",
-    "csrc/cuda/instantiations/fp32.cu",
-    "csrc/cuda/sm90/instantiations/fp16.cu",
-    "csrc/cuda/sm90/instantiations/bf16.cu",
-]
+def read_sources(kind, path=ROOT / "csrc" / "sources.txt"):
+    """The sources of one kind ("cpu" or "cuda") from the list setup.py and CMakeLists.txt share: lines
+    "<kind> <path>", '#' starts a comment."""
+    sources = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) != 2 or fields[0] not in ("cpu", "cuda"):
+            raise ValueError(f"{path}:{number}: expected 'cpu <path>' or 'cuda <path>', got {line.strip()!r}")
+        if fields[0] == kind:
+            sources.append(fields[1])
+    return sources
+
+
+CPU_SOURCES = read_sources("cpu")
+CUDA_SOURCES = read_sources("cuda")
+# The C++ and CUDA sources include each other by their path under csrc/ ("cuda/common/device_primitives.cuh").
+INCLUDE_DIRS = [str(ROOT / "csrc")]
 
 
 def limited_api_tag():
@@ -185,8 +190,8 @@ def make_extension():
         # The compiled-arch list is empty, so the CUDA stubs say the build is CPU only.
         cxx.append('-DMLA_EXT_CUDA_ARCHS=""')
         info.update(cxx_flags=cxx, nvcc_flags=[])
-        ext = CppExtension("mla_ext._C", CPU_SOURCES, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"],
-                           py_limited_api=True)
+        ext = CppExtension("mla_ext._C", CPU_SOURCES, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx},
+                           extra_link_args=["-fopenmp"], py_limited_api=True)
         return ext, info
     archs = normalize_cuda_archs(os.environ.get("MLA_EXT_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
     # The CUDA glue compares the device against this list, so a missing arch is named rather than reported as
@@ -208,6 +213,7 @@ def make_extension():
     ext = CUDAExtension(
         "mla_ext._C",
         CPU_SOURCES + CUDA_SOURCES,
+        include_dirs=INCLUDE_DIRS,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         extra_link_args=["-fopenmp"],
         py_limited_api=True,

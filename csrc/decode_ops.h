@@ -1,9 +1,8 @@
 // The op entry points, written once for every backend. A Backend supplies:
-//   Guard                                  device guard constructed from the inputs' device
-//   check_strict_allowed()                 raises where a host copy is not allowed (CUDA graph capture)
-//   set_default_split(problem)             chooses the split when the caller gave none (set_split or
-//                                          set_balanced_split)
-//   decode(params, dtype)                  params fully bound: outputs, split, partials
+//   Guard                       device guard constructed from the inputs' device
+//   check_strict_allowed()      raises where a host copy is not allowed (CUDA graph capture)
+//   decode(problem, options)    the outputs are bound and a caller's split is set: chooses the split where the caller
+//                               gave none, allocates the workspace the split needs (options: q's) and runs the kernels
 //   merge_states(params, dtype)
 #pragma once
 
@@ -15,9 +14,25 @@
 #include <optional>
 #include <tuple>
 
-#include "decode_args.h"
+#include "checks/decode_args.h"
 
 namespace mla {
+
+// The fp32 split partials of a bound split (none where the kernels write the outputs directly), pointed to by params.
+// The caller keeps the tensors alive until the kernels are enqueued (stream-ordered allocator).
+struct SplitPartials {
+  at::Tensor out, lse;
+};
+inline SplitPartials allocate_split_partials(DecodeParams& p, const at::TensorOptions& options) {
+  SplitPartials partials;
+  if (const int64_t rows = partial_rows(p); rows > 0) {
+    partials.out = at::empty({rows, kHeadDim}, options.dtype(at::kFloat));
+    partials.lse = at::empty({rows}, options.dtype(at::kFloat));
+  }
+  p.out_partial = partials.out.defined() ? partials.out.data_ptr<float>() : nullptr;
+  p.lse_partial = partials.lse.defined() ? partials.lse.data_ptr<float>() : nullptr;
+  return partials;
+}
 
 template <class Backend>
 void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
@@ -27,7 +42,7 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
     check_index_values(block_table, seq_lens, problem.params);
   }
   bind_decode_outputs(problem, out, lse);
-  DecodeParams& p = problem.params;
+  const DecodeParams& p = problem.params;
   if (p.batch == 0) {
     return;
   }
@@ -36,30 +51,10 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
     lse.fill_(-std::numeric_limits<float>::infinity());
     return;
   }
-  // The caller's split, else the backend's choice (computed only when needed: it runs on every call).
   if (problem.kv_len_per_split) {
     set_split(problem, *problem.kv_len_per_split);
-  } else {
-    Backend::set_default_split(problem);
   }
-  // Kept alive until the kernels are enqueued (stream-ordered allocator).
-  at::Tensor out_partial, lse_partial, split_table;
-  if (const int64_t entries = split_table_entries(p); entries > 0) {
-    split_table = at::empty({entries}, q.options().dtype(at::kInt));
-    p.split_table = split_table.data_ptr<int32_t>();
-    p.item_table = items_planned_by_kernel(p) ? p.split_table + work_item_table_offset(p) : nullptr;
-  }
-  if (const int64_t rows = partial_rows(p); rows > 0) {
-    const auto options = q.options().dtype(at::kFloat);
-    out_partial = at::empty({rows, kHeadDim}, options);
-    lse_partial = at::empty({rows}, options);
-    p.out_partial = out_partial.data_ptr<float>();
-    p.lse_partial = lse_partial.data_ptr<float>();
-  } else {
-    p.out_partial = nullptr;
-    p.lse_partial = nullptr;
-  }
-  Backend::decode(p, problem.dtype);
+  Backend::decode(problem, q.options());
 }
 
 template <class Backend>

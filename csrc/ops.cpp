@@ -1,9 +1,9 @@
-// The mla operator library: schemas only. Kernels are registered per backend (cpu/ops_cpu.cpp,
-// cuda/decode_cuda.cpp); fake (meta) kernels and the autograd error live in mla_ext/ops.py.
+// The mla operator library: schemas only. Kernels are registered per backend (cpu/ops_cpu.cpp, cuda/ops_cuda.cpp,
+// which also defines the private _kernel_launch_counts op for tests); fake (meta) kernels and the autograd error live
+// in mla_ext/ops.py.
 #include <torch/library.h>
 
-#include "cuda/launch_counters.h"
-#include "decode_args.h"
+#include "checks/decode_args.h"
 
 namespace {
 
@@ -17,10 +17,6 @@ bool is_strict() {
 void set_strict(bool enabled) {
   mla::set_strict_mode(enabled);
 }
-// Decode main-kernel launches per path since load: [portable, sm90] (zeros in a CPU-only build). For tests.
-std::vector<int64_t> kernel_launch_counts() {
-  return mla::cuda::kernel_launch_counts();
-}
 
 }  // namespace
 
@@ -33,5 +29,4 @@ TORCH_LIBRARY(mla, m) {
   // Strict mode is process-wide state, so these are plain host functions, not tensor ops.
   m.def("set_strict(bool enabled) -> ()", &set_strict);
   m.def("is_strict() -> bool", &is_strict);
-  m.def("_kernel_launch_counts() -> int[]", &kernel_launch_counts);
 }

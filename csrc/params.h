@@ -63,7 +63,7 @@ struct DecodeParams {
   int balanced_seq_cost;      // ranges: keys' worth of one sequence's set-up in a CTA (query load, pipeline fill)
   int32_t* split_table;       // [B, 2]: first slot and piece count of each sequence, for the combine; written by
                               // the planner kernel where item_table is set, else by the main kernel; allocated by
-                              // the caller
+                              // the CUDA backend (cuda/schedule/workspace.h)
   int32_t* item_table;        // work items of a batch of several sequences: [W, 4] (sequence or -1 for a spare, its
                               // first item, its pieces, keys per piece) per item, written by the planner kernel;
                               // 16-byte aligned. Null for one sequence: its CTAs plan their own item
@@ -87,6 +87,11 @@ inline int64_t work_items(const DecodeParams& p) {
 // Partial rows per query row: one per split of each sequence, or the W slots of balanced splits.
 inline int64_t partial_slots(const DecodeParams& p) {
   return p.balanced_target > 0 ? p.num_splits : static_cast<int64_t>(p.num_splits) * p.batch;
+}
+// Fp32 partial rows (of D values) the kernels need for the bound split: 0 when they write the outputs directly.
+inline int64_t partial_rows(const DecodeParams& p) {
+  const bool has_partials = p.balanced_target > 0 || p.num_splits > 1;
+  return has_partials ? partial_slots(p) * p.seqlen_q * p.num_heads : 0;
 }
 
 // merge_states on flattened rows: two partial attentions over disjoint key sets, all tensors contiguous.

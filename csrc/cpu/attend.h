@@ -13,9 +13,9 @@
 #include <limits>
 #include <utility>
 
-#include "../params.h"
-#include "convert.h"
-#include "simd.h"
+#include "cpu/convert.h"
+#include "cpu/simd.h"
+#include "params.h"
 
 // Vector types in inline helpers trigger "ABI changes with AVX" notes; nothing here crosses an ABI boundary.
 #pragma GCC diagnostic push

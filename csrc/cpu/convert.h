@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "simd.h"
+#include "cpu/simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

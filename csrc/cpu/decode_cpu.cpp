@@ -4,7 +4,7 @@
 // Entry points per ISA: the task code (attend.h, tiles_*.h) is generic and always inlined, so each wrapper below
 // compiles it for its own target: AVX-512 with BF16 dot products, AVX-512, AVX2 + FMA, or the baseline ISA.
 // ATEN_CPU_CAPABILITY (default / avx2 / avx512), the variable ATen itself honours, caps the choice.
-#include "decode_cpu.h"
+#include "cpu/decode_cpu.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -20,10 +20,10 @@
 #include <limits>
 #include <string>
 
-#include "attend.h"
-#include "convert.h"
-#include "tiles_bf16_avx512.h"
-#include "tiles_f32.h"
+#include "cpu/attend.h"
+#include "cpu/convert.h"
+#include "cpu/tiles_bf16_avx512.h"
+#include "cpu/tiles_f32.h"
 
 // The vector-typed helpers are instantiated at the end of this file; they never cross an ABI boundary.
 #pragma GCC diagnostic ignored "-Wpsabi"

@@ -1,7 +1,7 @@
 // The CPU kernel of mla.decode and mla.merge_states: split-KV attention over fp16 / bf16 / fp32 caches, fp32 math.
 #pragma once
 
-#include "../params.h"
+#include "params.h"
 
 namespace mla::cpu {
 

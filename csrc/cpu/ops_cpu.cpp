@@ -2,8 +2,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "../decode_ops.h"
-#include "decode_cpu.h"
+#include "cpu/decode_cpu.h"
+#include "decode_ops.h"
 
 namespace mla {
 namespace {
@@ -13,12 +13,16 @@ struct CpuBackend {
     explicit Guard(at::Device) {}
   };
   static void check_strict_allowed() {}
-  static void set_default_split(DecodeProblem& problem) {
-    const DecodeParams& p = problem.params;
-    set_split(problem,
-              cpu::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, at::get_num_threads()));
+  // The caller's split, else one sized for the threads; the partials it needs live until the kernel returns.
+  static void decode(DecodeProblem& problem, const at::TensorOptions& options) {
+    DecodeParams& p = problem.params;
+    if (!problem.kv_len_per_split) {
+      set_split(problem,
+                cpu::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, at::get_num_threads()));
+    }
+    const SplitPartials partials = allocate_split_partials(p, options);
+    cpu::decode(p, problem.dtype);
   }
-  static void decode(const DecodeParams& p, DType dtype) { cpu::decode(p, dtype); }
   static void merge_states(const MergeStatesParams& p, DType dtype) { cpu::merge_states(p, dtype); }
 };
 

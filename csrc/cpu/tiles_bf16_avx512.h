@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "attend.h"
-#include "convert.h"
+#include "cpu/attend.h"
+#include "cpu/convert.h"
 
 #define MLA_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 #define MLA_AVX512_BF16_INLINE \

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attend.h"
-#include "simd.h"
+#include "cpu/attend.h"
+#include "cpu/simd.h"
 
 // Vector types in inline helpers trigger "ABI changes with AVX" notes; nothing here crosses an ABI boundary.
 #pragma GCC diagnostic push

@@ -7,14 +7,33 @@
 #include <initializer_list>
 #include <limits>
 
-#include "cuda/split_plan.h"
+#include "cuda/schedule/split_plan.h"
+#include "cuda/schedule/tile_plan.h"
 
 namespace {
 
 using mla::DType;
-using mla::cuda::balanced_split_for;
 using mla::cuda::BalancedSplit;
-using mla::cuda::default_kv_len_per_split;
+using mla::cuda::KernelChoice;
+using mla::cuda::MainKernel;
+
+// The kernel choose_kernel makes on a device where every configuration fits and the sm_90a kernel takes the layout:
+// that kernel for fp16/bf16 over 16 rows on Hopper, else the portable kernel of the row tile.
+KernelChoice kernel_for(int rows, DType dtype, bool hopper) {
+  if (dtype == DType::kFloat32) return {MainKernel::kFp32TensorCore, mla::cuda::kSmallRowTile, hopper};
+  if (hopper && mla::cuda::sm90_takes_rows(rows)) return {MainKernel::kSm90, mla::cuda::kLargeRowTile, hopper};
+  const int row_tile = mla::cuda::row_tile_for(rows, dtype);
+  const MainKernel kernel = row_tile == mla::cuda::kLargeRowTile ? MainKernel::kManyRows
+                            : row_tile == mla::cuda::kMidRowTile ? MainKernel::kMidRows
+                                                                 : MainKernel::kFewRows;
+  return {kernel, row_tile, hopper};
+}
+int default_kv_len_per_split(int batch, int rows, int capacity, int sms, DType dtype, bool hopper) {
+  return mla::cuda::default_kv_len_per_split(batch, rows, capacity, sms, dtype, kernel_for(rows, dtype, hopper));
+}
+BalancedSplit balanced_split_for(int batch, int rows, int capacity, int sms, DType dtype, bool hopper) {
+  return mla::cuda::balanced_split_for(batch, rows, capacity, sms, dtype, kernel_for(rows, dtype, hopper));
+}
 
 int failures = 0;
 
@@ -143,7 +162,7 @@ int main() {
   const BalancedSplit one_short = balanced_split_for(1, 128, 1024, 132, DType::kBFloat16, true);
   check(one_short.target == 16, "one short sequence of many rows: 16 work items", DType::kBFloat16, 1, 128, 1024, 132,
         true, one_short.target);
-  // The sm_90a kernel's calls at 128 heads, where H200 graph timings put one wave ahead of two (perf-notes v51):
+  // The sm_90a kernel's calls at 128 heads, where H200 graph timings put one wave ahead of two (perf-log v51):
   // B = 23, S = 4K in two pieces merged in clusters (92 CTAs, ~13 % faster than 5 pieces in 230 CTAs); B = 14, S = 16K
   // in 4 pieces (112 CTAs, ~7 % faster than 9 pieces in 252).
   const int merged = default_kv_len_per_split(23, 128, 4096, 132, DType::kBFloat16, true);

@@ -1,7 +1,8 @@
 // One translation unit per dtype so the kernels build in parallel.
-#include "../launch_decode.cuh"
+#include "cuda/launch/launch_decode.cuh"
 
 namespace mla::cuda {
-template void launch_decode<DType::kBFloat16>(const DecodeParams&, cudaStream_t);
+template KernelChoice choose_kernel<DType::kBFloat16>(const DecodeParams&, const DeviceInfo&);
+template void launch_decode<DType::kBFloat16>(const DecodeParams&, const KernelChoice&, cudaStream_t);
 template void launch_merge_states<DType::kBFloat16>(const MergeStatesParams&, cudaStream_t);
 }  // namespace mla::cuda

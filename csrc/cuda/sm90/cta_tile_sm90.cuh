@@ -11,11 +11,11 @@
 
 #include <cstdint>
 
-#include "../../params.h"
-#include "../cluster_merge.cuh"
-#include "../decode_work.cuh"
-#include "../device_primitives.cuh"
-#include "wgmma.cuh"
+#include "cuda/combine/cluster_merge.cuh"
+#include "cuda/common/decode_work.cuh"
+#include "cuda/common/device_primitives.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "params.h"
 
 namespace mla::cuda::sm90 {
 
@@ -91,7 +91,7 @@ __device__ __forceinline__ int tile_page(const DecodeParams& p, const CtaWork& w
 // Query rows [row_begin, +64) as [q | q_pe] in the swizzled block layout; rows past S_q * H are zero. Eight threads
 // share a row: thread k copies chunk k of each of the row's nine blocks (eight latent, one rotary), so each row's
 // address is worked out once per thread instead of once per chunk (the per-chunk form was half of the instructions a
-// short CTA executes, perf-notes v62), and a warp's copies of one block read four whole 128-byte rows.
+// short CTA executes, perf-log v62), and a warp's copies of one block read four whole 128-byte rows.
 template <typename T>
 __device__ __forceinline__ void load_query_tile(const DecodeParams& p, const CtaWork& w, uint32_t q_smem,
                                                 int consumer_thread) {

@@ -58,12 +58,12 @@
 
 #include <cstdint>
 
-#include "../../params.h"
-#include "../decode_work.cuh"
-#include "../device_primitives.cuh"
-#include "cta_tile_sm90.cuh"
-#include "tma.cuh"
-#include "wgmma.cuh"
+#include "cuda/common/decode_work.cuh"
+#include "cuda/common/device_primitives.cuh"
+#include "cuda/sm90/cta_tile_sm90.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "params.h"
 
 namespace mla::cuda::sm90 {
 
@@ -202,7 +202,7 @@ __device__ __forceinline__ void finish_values(float (&acc)[128], uint32_t empty_
 }
 
 // How far (log2 units) a row's running max may lag its scores: an O half is rescaled only when a tile raises the max
-// by more than this (perf-notes v56), which with random scores happens in the first tiles only.
+// by more than this (perf-log v56), which with random scores happens in the first tiles only.
 constexpr float kMaxSlack = 8.f;
 
 __device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
@@ -236,7 +236,7 @@ __device__ __forceinline__ void advance_max(const float (&m_new)[2], float (&row
 // its keys; a positive scale, as any real one is) needs no masks: the max of its raw scores, scaled once, is the max
 // of the scaled ones (rounding is monotone), and the scale goes into exp2's argument by an fma: per thread 32 moves
 // and 32 fmas instead of 32 multiplies, compares, selects and subtractions, on the softmax that sits between the two
-// warpgroups' products (perf-notes v55). Other tiles are scaled and masked first (masked slots may hold NaN) and take
+// warpgroups' products (perf-log v55). Other tiles are scaled and masked first (masked slots may hold NaN) and take
 // the same steps at a scale of 1 (an fma by 1 rounds as the subtraction does).
 template <typename T>
 __device__ __forceinline__ void softmax_tile(const float (&s)[32], const int (&limit)[2], int tile_key0,
@@ -400,7 +400,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
       issue_values<T>(acc, a + 1, loaded_b, kv_smem, 0);
       if (kEarlyScores && a + 2 < n) {
         // S(a + 2) on its half 0 (requested once P . V(a) completed, under softmax b) right behind P . V(b); then
-        // P . V(b) complete, half 0 of stage 1 freed, and the rest of S(a + 2) (perf-notes v60).
+        // P . V(b) complete, half 0 of stage 1 freed, and the rest of S(a + 2) (perf-log v60).
         issue_scores<T, 0, 0, C::kHalfBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
         finish_values<1>(acc, empty_bar, a + 1, 0, lane);
         issue_scores<T, 0, C::kHalfBlocks, C::kBlocks>(a + 2, q_smem, kv_smem, full_bar, s);
@@ -458,7 +458,7 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 // sequence; its own kernel, so that the merge's code does not reshape the usual kernel's loop.
 // kEarlyScores: warpgroup 0 issues the first half of S(a + 2) behind its P . V(b) instead of after it completes;
 // 2-4 % faster where a sequence's row blocks share its tiles in L2 (128 heads, or several query tokens), ~2 % slower
-// with one row block (64 heads; perf-notes v60, v61), so the launcher picks it by row blocks per sequence.
+// with one row block (64 heads; perf-log v60, v61), so the launcher picks it by row blocks per sequence.
 template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,

@@ -14,15 +14,15 @@
 #include <string>
 #include <type_traits>
 
-#include "../../params.h"
-#include "../cluster_residency.h"
-#include "../device_info.h"
-#include "../device_primitives.cuh"
-#include "../launch_options.h"
-#include "../tile_plan.h"
-#include "../work_item_planner.cuh"
-#include "decode_kernel_sm90.cuh"
-#include "launch_sm90.h"
+#include "cuda/common/device_primitives.cuh"
+#include "cuda/launch/cluster_residency.h"
+#include "cuda/launch/device_info.h"
+#include "cuda/launch/launch_options.h"
+#include "cuda/schedule/tile_plan.h"
+#include "cuda/schedule/work_item_planner.cuh"
+#include "cuda/sm90/decode_kernel_sm90.cuh"
+#include "cuda/sm90/launch_sm90.h"
+#include "params.h"
 
 namespace mla::cuda {
 namespace sm90_detail {
@@ -73,27 +73,6 @@ bool kernel_ready(int device) {
          }) == 1;
 }
 
-inline bool aligned16(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
-}
-
-// The shapes and layouts the kernel handles (see launch_sm90.h).
-inline bool supports(const DecodeParams& p) {
-  if (!sm90_takes_rows(static_cast<int64_t>(p.seqlen_q) * p.num_heads)) return false;
-  if (p.balanced_target > 0 && p.balanced_seq_cost > 0) return false;  // one piece of work per CTA, not a range
-  // Splits (also balanced ones, whose lengths are multiples of kv_len_per_split) must start on tile boundaries.
-  if (p.num_splits > 1 && p.kv_len_per_split % Sm90Tile::kKeyTile != 0) return false;
-  if (p.block_table != nullptr && p.page_size % Sm90Tile::kKeyTile != 0) return false;  // a tile in one page
-  if (!aligned16(p.kv) || !aligned16(p.k_pe)) return false;
-  const int64_t element = 2;
-  if ((p.kv_row_stride * element) % 16 != 0 || (p.k_pe_row_stride * element) % 16 != 0) return false;
-  if ((p.kv_page_stride * element) % 16 != 0 || (p.k_pe_page_stride * element) % 16 != 0) return false;
-  if (p.kv_row_stride <= 0 || p.k_pe_row_stride <= 0 || p.kv_page_stride <= 0 || p.k_pe_page_stride <= 0) {
-    return false;
-  }
-  return true;
-}
-
 // A cache [P, page_size, width] (row and page strides in elements) as a 4-D tensor map [P, width / 64, page_size,
 // 64]: a box of 64 rows x `blocks` 64-column blocks lands block after block (8 KB each, 128-byte swizzle), the layout
 // the kernel's operand tiles use, so one copy fills a whole part of a stage. Rows past page_size read as zeros.
@@ -129,7 +108,7 @@ bool clusters_of_two_fit(int64_t ctas, const DeviceInfo& d) {
 
 // A fixed split of two pieces of at most kClusterMergeMaxKeys keys runs as clusters of a (sequence, row block)'s two
 // pieces, which merge through distributed shared memory instead of the combine kernel, where the clusters keep the
-// grid resident. Measured (perf-notes v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 0.9-5.0 at 4K;
+// grid resident. Measured (perf-log v50): B = 28-56 with 32-128 heads 1.9-5.5 us faster at 1K keys, 0.9-5.0 at 4K;
 // longer pieces, and more pieces per sequence (clusters of 4 or 8, or clusters writing partials for the combine),
 // slower or level.
 template <typename T>
@@ -143,7 +122,7 @@ bool merge_fixed_split_in_cluster(const DecodeParams& p, int64_t ctas, const Dev
 // the combine takes the rest. Only for batches of B sequences that equal lengths would cut in two pieces each within
 // one wave of `target` items (target / 3 < B <= target / 2; ragged batches there mostly pair too): a wider batch fits
 // one wave in single pieces or runs its pairs in more than one (B = 44, H = 128, S = 16K: 5 % slower in clusters),
-// and where no sequence pairs the launch gains nothing (perf-notes v53).
+// and where no sequence pairs the launch gains nothing (perf-log v53).
 template <typename T>
 bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo& d) {
   static_assert(kSm90ClusterPieces == 2, "the planner kernel pairs items");
@@ -151,11 +130,19 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
   const bool two_pieces_each = 3 * batch > target && 2 * batch <= target;
   // the planner places pairs in one round of its threads (work_item_planner.cuh)
   const bool one_planner_round = batch <= kPlannerMaxThreads;
-  return item_pairs_enabled() && p.item_table != nullptr && two_pieces_each && one_planner_round &&
-         work_items(p) % kSm90ClusterPieces == 0 && clusters_of_two_fit<T>(ctas, d);
+  return p.item_table != nullptr && two_pieces_each && one_planner_round && work_items(p) % kSm90ClusterPieces == 0 &&
+         clusters_of_two_fit<T>(ctas, d);
 }
 
 }  // namespace sm90_detail
+
+template <DType dtype>
+bool sm90_kernel_ready(int device) {
+  static_assert(sm90_detail::Sm90Tile::kKeyTile == kSm90KeyTile && sm90_detail::Sm90Tile::kRowTile == kLargeRowTile,
+                "the planners and the kernel choice size calls for these tiles");
+  return sm90_detail::kernel_ready<typename ElementOf<dtype>::type, false>(device) &&
+         sm90_detail::tensor_map_encoder() != nullptr;
+}
 
 template <DType dtype>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& d) {
@@ -163,8 +150,6 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
   DecodeParams p = params;
-  if (!sm90_detail::supports(p)) return {};
-  if (!sm90_detail::kernel_ready<T, false>(d.device)) return {};
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);
   if (p.batch == 0 || ctas > INT_MAX) return {};
@@ -200,7 +185,7 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   config.numAttrs = count;
   if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
   // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
-  // scores pay (perf-notes v60, v61).
+  // scores pay (perf-log v60, v61).
   const bool early_scores = rows > C::kRowTile;
   const auto kernel = clustered ? sm90_detail::decode_kernel<T, true>(early_scores)
                                 : sm90_detail::decode_kernel<T, false>(early_scores);

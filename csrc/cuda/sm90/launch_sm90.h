@@ -1,12 +1,16 @@
-// Torch-free entry point of the Hopper (sm_90a) decode kernel, defined in launch_sm90.cuh and instantiated for
-// fp16 and bf16 in instantiations/. The portable launcher (launch_decode.cuh) tries it first on sm_90 devices.
+// Torch-free entry points of the Hopper (sm_90a) decode kernel, defined in launch_sm90.cuh and instantiated for
+// fp16 and bf16 in instantiations/sm90_*.cu. The kernel choice (launch_decode.cuh) asks whether it takes a call; the
+// launcher then runs it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "../../env_switch.h"
-#include "../../params.h"
-#include "../device_info.h"
+#include <cstdint>
+
+#include "cuda/launch/device_info.h"
+#include "cuda/schedule/tile_plan.h"
+#include "params.h"
+#include "switches.h"
 
 namespace mla::cuda {
 
@@ -19,19 +23,35 @@ struct Sm90Launch {
   bool item_pairs = false;
 };
 
-// Launches the sm_90a main kernel (not the split combine) when it supports the problem and this build holds its
-// sm_90a code. Supported: S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, splits that start on
-// 64-key boundaries, 16-byte aligned cache pointers and strides. Callers ask sm90_kernel_enabled first.
+// Launches the sm_90a main kernel (not the split combine) for a call it takes (sm90_takes_call); launched is false
+// only where the driver refuses the caches' tensor maps or the grid is too large.
 template <DType dtype>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& device);
 
-// Whether a device of compute capability major.x runs this kernel where it supports a call: sm_90 devices unless
-// MLA_EXT_DISABLE_SM90 is set (read once). The launcher and the split planners both go by it, and so does the choice
-// of the portable kernels' configurations: with it set, Hopper runs their A100 configurations (clusters and
-// programmatic dependent launch stay on).
+// Whether this build holds the kernel's sm_90a code for `device` and the driver can describe caches to the copy
+// engine (once per device).
+template <DType dtype>
+bool sm90_kernel_ready(int device);
+
+// The shapes and layouts the kernel takes: S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, a
+// caller's split on 64-key boundaries (the planners cut on them), 16-byte aligned cache pointers and strides.
+inline bool sm90_takes_layout(const DecodeParams& p) {
+  const auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
+  constexpr int64_t kElement = 2;
+  const auto rows_aligned = [&](int64_t stride) { return stride > 0 && (stride * kElement) % 16 == 0; };
+  return sm90_takes_rows(static_cast<int64_t>(p.seqlen_q) * p.num_heads) &&
+         !(p.num_splits > 1 && p.kv_len_per_split % kSm90KeyTile != 0) &&
+         !(p.block_table != nullptr && p.page_size % kSm90KeyTile != 0) &&  // a tile in one page
+         aligned16(p.kv) && aligned16(p.k_pe) && rows_aligned(p.kv_row_stride) && rows_aligned(p.k_pe_row_stride) &&
+         rows_aligned(p.kv_page_stride) && rows_aligned(p.k_pe_page_stride);
+}
+
+// Whether a device of compute capability major.x runs this kernel where it takes a call: sm_90 devices unless
+// MLA_EXT_DISABLE_SM90 is set. The kernel choice goes by it, and so does the choice of the portable kernels'
+// configurations: with it set, Hopper runs their A100 configurations (clusters and programmatic dependent launch stay
+// on).
 inline bool sm90_kernel_enabled(int major) {
-  static const bool disabled = env_switch("MLA_EXT_DISABLE_SM90", false);
-  return major == 9 && !disabled;
+  return major == 9 && !sm90_disabled();
 }
 
 }  // namespace mla::cuda

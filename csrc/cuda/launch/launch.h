@@ -1,0 +1,27 @@
+// Torch-free entry points of the CUDA kernels. Each is explicitly instantiated once per dtype in
+// instantiations/{fp16,bf16,fp32}.cu; the CUDA backend (ops_cuda.cpp) calls them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/launch/device_info.h"
+#include "cuda/launch/kernel_choice.h"
+#include "params.h"
+
+namespace mla::cuda {
+
+// The main kernel for a checked call on `device`, from its shapes, layout, dtype and a caller's split (set in params
+// when given; else the split is still to be planned, for this kernel). Throws where no kernel fits the device.
+template <DType dtype>
+KernelChoice choose_kernel(const DecodeParams& params, const DeviceInfo& device);
+
+// Runs the chosen main kernel and, when the split has several pieces, the split-combine kernel, on `stream`.
+// Writes params.out and params.lse for every row, including rows that see no key (out 0, lse -inf).
+template <DType dtype>
+void launch_decode(const DecodeParams& params, const KernelChoice& kernel, cudaStream_t stream);
+
+// out = exp(lse_a - m) * out_a + exp(lse_b - m) * out_b normalised; both -inf gives out 0, lse -inf.
+template <DType dtype>
+void launch_merge_states(const MergeStatesParams& params, cudaStream_t stream);
+
+}  // namespace mla::cuda
