@@ -31,7 +31,7 @@ class BuildInfo:
     cpu_only_reason: str | None = None  # why a CPU-only build has no CUDA kernels
     cxx_flags: tuple[str, ...] = ()  # extra C++ compiler flags
     nvcc_flags: tuple[str, ...] = ()  # extra nvcc flags, including the -gencode list
-    compiler: str | None = None  # the C++ compiler's version line
+    compiler: str | None = None  # the C++ compiler that built it and its version line
     cxx11_abi: bool | None = None  # torch's _GLIBCXX_USE_CXX11_ABI
     python: str | None = None  # the Python that ran the build (the library itself uses no Python API)
     py_limited_api: str | None = None  # stable-ABI wheel tag, e.g. "cp310": the wheel fits that CPython and later

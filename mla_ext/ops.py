@@ -4,7 +4,11 @@
 import torch
 from torch import Tensor
 
-__all__ = ["decode", "merge_states", "set_strict", "is_strict"]
+__all__ = ["HEAD_DIM", "ROPE_DIM", "decode", "merge_states", "set_strict", "is_strict"]
+
+# The only head dims the kernels support (DeepSeek-V2/V3's latent and rope widths); the C++ checks enforce them.
+HEAD_DIM = 512  # D: latent width of q and kv, also the output width
+ROPE_DIM = 64  # Dpe: rotary width of q_pe and k_pe
 
 
 def decode(

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Context-parallel and head-parallel MLA decode across processes, checked against one device and timed.
 
-    torchrun --nproc-per-node N scripts/context_parallel.py [--device cuda|cpu] [--batch 1,2,4,8]
+    torchrun --nproc-per-node N -m scripts.context_parallel [--device cuda|cpu] [--batch 1,2,4,8]
              [--heads 16,128] [--seqlen 131072] [--dtype bf16] [--repeats 20] [--json FILE]
 
 Context parallel (CP): each sequence's keys are cut into N contiguous chunks, chunk r on rank r (a rank's seq_lens
@@ -29,14 +29,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# Imported in main(), after the arguments, so --help works without a built extension: mla_ext, its timing helpers,
-# and the test suite's tolerances (tests/checks.py imports mla_ext).
-mla_ext = bench_utils = checks = None
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from reference import decode_reference  # noqa: E402  (the float64 reference; torch only)
+from tests.reference import decode_reference  # the float64 reference; torch only
 
-HEAD_DIM, ROPE_DIM = 512, 64
-KEY_DIM = HEAD_DIM + ROPE_DIM
+# Imported in main(), after the arguments, so --help works without a built extension: mla_ext (and its head dims),
+# the timing helpers and the test suite's tolerances (both import mla_ext).
+mla_ext = common = checks = None
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 REFERENCE_HEADS = 4  # heads of the float64 check (the reference is the slow part on the CPU)
 
@@ -122,8 +119,9 @@ class Case:
 
     def __init__(self, batch, heads, seqlen, dtype, device, seed):
         generator = torch.Generator(device=device).manual_seed(seed)
-        self.q_full = torch.randn(batch, heads, KEY_DIM, generator=generator, device=device).to(dtype)  # [B,H,576]
-        self.cache = torch.randn(batch, seqlen, KEY_DIM, generator=generator, device=device).to(dtype)  # [B,S,576]
+        width = common.KEY_DIM
+        self.q_full = torch.randn(batch, heads, width, generator=generator, device=device).to(dtype)  # [B, H, 576]
+        self.cache = torch.randn(batch, seqlen, width, generator=generator, device=device).to(dtype)  # [B, S, 576]
         # Every rank holds the whole cache (the head-parallel run and the one-device check need it); the
         # context-parallel run reads only its rank's chunk of it.
         for tensor in (self.q_full, self.cache):
@@ -132,7 +130,8 @@ class Case:
     def args(self, heads=slice(None), keys=slice(None)):
         """(q, q_pe, kv, k_pe) views for a slice of heads and of keys."""
         q, cache = self.q_full[:, heads], self.cache[:, keys]
-        return q[..., :HEAD_DIM], q[..., HEAD_DIM:], cache[..., :HEAD_DIM], cache[..., HEAD_DIM:]
+        head_dim = mla_ext.HEAD_DIM
+        return q[..., :head_dim], q[..., head_dim:], cache[..., :head_dim], cache[..., head_dim:]
 
 
 def context_parallel_step(case, rank, world, lens_here):
@@ -187,8 +186,8 @@ def median_us(fn, device, repeats, warmup, together=True):
     for _ in range(repeats):
         if together:
             dist.barrier()
-        bench_utils.synchronize(device)
-        samples.append(bench_utils.time_once_us(fn, device))
+        common.synchronize(device)
+        samples.append(common.time_once_us(fn, device))
     return statistics.median(samples)
 
 
@@ -235,14 +234,13 @@ def summary_line(record):
 
 
 def main(argv=None):
-    global mla_ext, bench_utils, checks
+    global mla_ext, common, checks
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("CUDA is not available here; use --device cpu (gloo)")
-    import checks
-
     import mla_ext
-    from mla_ext import bench_utils
+    from benchmarks import common
+    from tests.support import checks
 
     rank, world, device = init_distributed(args.device)
     reference = decode_reference if rank == 0 else None

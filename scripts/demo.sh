@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
-"$PYTHON" -m mla_ext.demo "$@"
+"$PYTHON" -m examples.demo.demo "$@"

@@ -6,8 +6,10 @@ Each case draws B, H (1..128), S_q (1..4), causal, lengths (0 included), dense o
 query views, fused 576-wide cache views, dtype, a default or explicit kv_len_per_split, the op spelling, and now
 and then hostile seq_lens / block_table values. Case i of seed S is reproducible on its own:
 
-    python3 scripts/fuzz_cuda.py --count 2000 --time-limit 120          # stop at 2000 cases or 120 s
-    python3 scripts/fuzz_cuda.py --seed 7 --case 1234                    # replay one failure
+    python3 -m scripts.fuzz_cuda --count 2000 --time-limit 120          # stop at 2000 cases or 120 s
+    python3 -m scripts.fuzz_cuda --seed 7 --case 1234                    # replay one failure
+
+Run from the repository root (it imports tests.support and tests.reference).
 
 Exit status: 0 when every case passed, 1 on any failure, 2 without a CUDA device.
 """
@@ -19,16 +21,13 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from checks import assert_matches_reference  # noqa: E402
-from make_inputs import empty_outputs_like, make_problem  # noqa: E402
-from reference import decode_reference  # noqa: E402
-
-import mla_ext  # noqa: E402
+import mla_ext
+from tests.reference import decode_reference
+from tests.support.checks import assert_matches_reference
+from tests.support.make_inputs import empty_outputs_like, make_problem
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEADS = [1, 2, 3, 4, 7, 8, 12, 16, 17, 24, 31, 32, 33, 48, 64, 65, 100, 127, 128]

@@ -86,7 +86,7 @@ for tool in "${TOOLS[@]}"; do
     # Without the caching allocator every tensor is its own allocation, so memcheck sees reads just past a tensor.
     env "${pass_env[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" "${tool_args[@]}" --error-exitcode 1 \
       --print-limit 50 --target-processes all "${EXTRA_ARGS[@]}" \
-      "$PYTHON" scripts/sanitize_cases.py --subset "$subset" "${ONLY_ARGS[@]}" >"$log" 2>&1
+      "$PYTHON" -m scripts.sanitize_cases --subset "$subset" "${ONLY_ARGS[@]}" >"$log" 2>&1
     rc=$?
     seconds=$((SECONDS - start))
     result="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 2 | sed 's/^=* *//' | paste -sd ';' -)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The case matrix scripts/sanitize.sh runs under compute-sanitizer: every case once, on CUDA, small enough that
-instrumented kernels (about 100x slower) finish quickly. Each result is also compared with the CPU kernel, so a
-case that runs clean but wrong still fails.
+"""The case matrix scripts/sanitize.sh runs under compute-sanitizer (as python3 -m scripts.sanitize_cases, from the
+repository root): every case once, on CUDA, small enough that instrumented kernels (about 100x slower) finish
+quickly. Each result is also compared with the CPU kernel, so a case that runs clean but wrong still fails.
 
     --subset all       memcheck's matrix: dtype x heads (1, 16, 128) x splits (one, many) x layout (dense, pages of
                        1, 16, 64), with S_q 1 / 2-causal and hostile seq_lens / block tables mixed in, plus B = 0,
@@ -23,15 +23,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from checks import assert_matches_reference  # noqa: E402
-from make_inputs import empty_outputs_like, make_problem, random_states  # noqa: E402
-
-import mla_ext  # noqa: E402
+import mla_ext
+from mla_ext import HEAD_DIM, ROPE_DIM
+from tests.support.checks import assert_matches_reference
+from tests.support.make_inputs import empty_outputs_like, make_problem, random_states
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 INT32_MAX = 2**31 - 1
@@ -62,8 +60,8 @@ def decode_problem(case: Case, device: str):
     if case.special == "empty-cache":  # dense S_kv = 0: capacity 0, every row empty
         batch = len(case.lens)
         problem = make_problem(gen, device=device, dtype=dtype, lens=[1] * batch, num_heads=case.num_heads)
-        problem.kv = torch.empty(batch, 0, 512, dtype=dtype, device=device)
-        problem.k_pe = torch.empty(batch, 0, 64, dtype=dtype, device=device)
+        problem.kv = torch.empty(batch, 0, HEAD_DIM, dtype=dtype, device=device)
+        problem.k_pe = torch.empty(batch, 0, ROPE_DIM, dtype=dtype, device=device)
         problem.seq_lens = torch.tensor(case.lens, dtype=torch.int32, device=device)
         return problem
     problem = make_problem(
@@ -113,7 +111,7 @@ def run_case(case: Case):
         gen = torch.Generator().manual_seed(sum(map(ord, case.name)))
         shape = tuple(case.lens)
         states = [random_states(gen, shape, dtype, "cpu") for _ in range(2)]
-        if case.num_heads != 512:  # merge_states takes any last dim
+        if case.num_heads != HEAD_DIM:  # merge_states takes any last dim
             states = [(out[..., : case.num_heads].contiguous(), lse) for out, lse in states]
         cuda_args = [t.cuda() for state in states for t in state]
         out, lse = mla_ext.merge_states(*cuda_args)
@@ -201,7 +199,7 @@ def merge_cases() -> list[Case]:
             op="merge_states",
         )
         for dtype in DTYPES
-        for shape, dim in [((3, 16), 512), ((2, 3, 24), 512), ((5, 7), 72)]
+        for shape, dim in [((3, 16), HEAD_DIM), ((2, 3, 24), HEAD_DIM), ((5, 7), 72)]
     ]
 
 
@@ -272,7 +270,7 @@ def kernel_cases() -> list[Case]:
             causal=True,
             page_size=64,
         ),
-        Case("merge-states-bf16", lens=[3, 16], num_heads=512, op="merge_states"),
+        Case("merge-states-bf16", lens=[3, 16], num_heads=HEAD_DIM, op="merge_states"),
         *no_seq_lens_cases()[:2],
         *mid_rows_sm90_cases(),
         *balanced_cases(),

@@ -29,8 +29,9 @@ def check_device(device: str) -> None:
 
     gen = torch.Generator().manual_seed(0)
     batch, heads, keys = 3, 16, 300
-    q, q_pe = torch.randn(batch, heads, 512, generator=gen), torch.randn(batch, heads, 64, generator=gen)
-    kv, k_pe = torch.randn(batch, keys, 512, generator=gen), torch.randn(batch, keys, 64, generator=gen)
+    head_dim, rope_dim = mla_ext.HEAD_DIM, mla_ext.ROPE_DIM
+    q, q_pe = torch.randn(batch, heads, head_dim, generator=gen), torch.randn(batch, heads, rope_dim, generator=gen)
+    kv, k_pe = torch.randn(batch, keys, head_dim, generator=gen), torch.randn(batch, keys, rope_dim, generator=gen)
     seq_lens = torch.tensor([keys, 129, 1], dtype=torch.int32)
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         args = [t.to(device, dtype) for t in (q, q_pe, kv, k_pe)]

@@ -6,9 +6,9 @@ import zlib
 
 import pytest
 import torch
-from axes import DEVICES
 
 import mla_ext
+from tests.support.axes import DEVICES
 
 
 @pytest.fixture(params=DEVICES)

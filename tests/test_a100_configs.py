@@ -4,12 +4,12 @@ so in a fresh one), which turns off everything that needs Hopper's shared memory
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from checks import assert_matches_reference, decode_all_ways
-from launch_paths import (
+
+from tests.reference import decode_reference
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.launch_paths import (
     FP32_TENSOR_CORE,
     HOPPER_CONFIG,
     PORTABLE,
@@ -19,10 +19,7 @@ from launch_paths import (
     requires_hopper,
     run_fresh_process,
 )
-from make_inputs import make_problem
-from reference import decode_reference
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+from tests.support.make_inputs import make_problem
 
 # (what, make_problem options, kv_len_per_split): few rows (H * S_q <= 16), 17-32 rows and many rows, dense and paged,
 # fixed and default splits (with seq_lens: balanced), odd lengths and an empty sequence.
@@ -43,11 +40,10 @@ CASES_FP32 = [
 ]
 
 SCRIPT = """
-import sys, torch
-sys.path.insert(0, {tests_dir!r})
-from checks import assert_matches_reference, decode_all_ways
-from make_inputs import make_problem
-from reference import decode_reference
+import torch
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.make_inputs import make_problem
+from tests.reference import decode_reference
 gen = torch.Generator().manual_seed({seed})
 for what, options, split in {cases!r}:
     problem = make_problem(gen, device="cuda", dtype=torch.{dtype}, **options)
@@ -65,7 +61,7 @@ def test_a100_configs_on_hopper(dtype, gen):
     or a Hopper-only configuration."""
     cases = CASES_FP32 if dtype == "float32" else CASES_16_BIT
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-    script = SCRIPT.format(tests_dir=TESTS_DIR, seed=seed, cases=cases, dtype=dtype)
+    script = SCRIPT.format(seed=seed, cases=cases, dtype=dtype)
     counts = counts_from_line(run_fresh_process(script, MLA_EXT_DISABLE_SM90="1")[-1])
     calls = 3 * len(cases)
     path = FP32_TENSOR_CORE if dtype == "float32" else PORTABLE

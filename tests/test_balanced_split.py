@@ -12,10 +12,11 @@ import random
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES, requires_cuda
-from checks import assert_matches_reference, decode_all_ways
-from make_inputs import make_problem
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES, requires_cuda
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.make_inputs import make_problem
 
 
 def ragged_lens(seed, batch, long_len, long_count):
@@ -124,7 +125,7 @@ def test_splits_lengthened_to_one_wave(dtype, num_heads, batch, ragged, gen):
     wave of CTAs (69 for 66 at 128 heads, 135 for 132 at 64 on a 132-SM GPU), so the planner lengthens the splits
     until they fit, over one or more rounds (ragged: sequences lose their third piece at different lengths). What is
     checked is the result of such plans against the float64 reference; the plan itself is not visible from Python (its
-    one-wave fit was timed, perf-notes v52)."""
+    one-wave fit was timed, perf-log v52)."""
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
     lens = [4096 + (rng.randint(-600, 600) if ragged else 0) for _ in range(batch)]
     problem = make_problem(gen, device="cuda", dtype=dtype, lens=lens, num_heads=num_heads, page_size=64)

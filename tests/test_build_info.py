@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from axes import requires_cuda
 
 import mla_ext
 from mla_ext import _loader
+from tests.support.axes import requires_cuda
 
 REBUILD = "pip install --no-build-isolation"
 

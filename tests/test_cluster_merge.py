@@ -1,16 +1,17 @@
 """On Hopper, a fixed split of 2, 4 or 8 pieces on the few-row kernel (H * S_q <= 16, fp16/bf16) merges inside
 thread-block clusters: each CTA keeps its normalised rows in shared memory and the cluster's CTAs merge them through
 distributed shared memory, with no fp32 partials and no combine kernel. Each case checks the float64 reference and
-which path ran (tests/launch_paths.py counts it). Sequences are ragged (seq_lens with a fixed split), so some pieces
-see no key; caches are poisoned beyond every sequence's length."""
+which path ran (tests/support/launch_paths.py counts it). Sequences are ragged (seq_lens with a fixed split), so some
+pieces see no key; caches are poisoned beyond every sequence's length."""
 
 from __future__ import annotations
 
 import pytest
-from axes import DTYPE_IDS, DTYPES_16
-from checks import assert_repeatable
-from launch_paths import PORTABLE, check_on_path, requires_hopper
-from make_inputs import make_problem
+
+from tests.support.axes import DTYPE_IDS, DTYPES_16
+from tests.support.checks import assert_repeatable
+from tests.support.launch_paths import PORTABLE, check_on_path, requires_hopper
+from tests.support.make_inputs import make_problem
 
 CAPACITY = 1024
 # Full, odd, empty, one key, only the first piece, nearly full.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
-from make_inputs import empty_outputs_like, make_problem, random_states
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import mla_ext
+from tests.support.axes import DTYPE_IDS, DTYPES
+from tests.support.make_inputs import empty_outputs_like, make_problem, random_states
 
 VARIANTS = {
     "dense": dict(lens=[100, 100], num_heads=16),

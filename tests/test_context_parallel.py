@@ -1,4 +1,4 @@
-"""scripts/context_parallel.py on the CPU with gloo: context-parallel shards merged with merge_states, and
+"""scripts.context_parallel on the CPU with gloo: context-parallel shards merged with merge_states, and
 head-parallel slices gathered over heads, both equal one decode of the whole cache (small sizes, a few seconds)."""
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-import mla_ext
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "context_parallel.py"
-# The ranks run the script with scripts/ first on their path, so an in-place build (found here through the working
-# directory) is named to them through PYTHONPATH: the folder holding the mla_ext this process imported.
-PACKAGE_PARENT = str(Path(mla_ext.__file__).resolve().parents[1])
+# The ranks run the script as a module from the repository root, which puts the root (and so mla_ext, tests and
+# benchmarks, as this process sees them) first on their path.
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -43,12 +40,11 @@ def test_context_parallel_script_on_cpu(ranks, extra):
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d",
-        str(SCRIPT), "--device", "cpu", "--repeats", "2", "--warmup", "1", *extra,
+        "-m", "scripts.context_parallel", "--device", "cpu", "--repeats", "2", "--warmup", "1", *extra,
     ]  # fmt: skip
-    python_path = os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     # Generous: the three cases take ~30 s alone, but one ran past 120 s beside 16 other test workers.
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=SCRIPT.parents[1])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "PASS" in result.stdout and "FAIL" not in result.stdout, output[-4000:]

@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-from axes import requires_cuda
-from checks import assert_matches_reference
-from launch_paths import CLUSTER_MERGE, HOPPER, ITEM_PAIRS, SM90, launches_during
-from make_inputs import empty_outputs_like, make_problem
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import requires_cuda
+from tests.support.checks import assert_matches_reference
+from tests.support.launch_paths import CLUSTER_MERGE, HOPPER, ITEM_PAIRS, SM90, launches_during
+from tests.support.make_inputs import empty_outputs_like, make_problem
 
 CAPACITY = 320
 # Lengths per replay: shrink, grow, hit 0 and 1, fill the capacity.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
-from checks import assert_matches_reference, decode_all_ways, relative_error
-from make_inputs import make_problem, varlen_lens
-from pairwise import all_pairs
-from reference import decode_reference
 
 import mla_ext
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES
+from tests.support.checks import assert_matches_reference, decode_all_ways, relative_error
+from tests.support.make_inputs import make_problem, varlen_lens
+from tests.support.pairwise import all_pairs
 
 # Every value meets every other axis's every value at least once; cheap values first (ties pick them).
 AXES = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import requires_cuda
 
 import mla_ext
+from tests.support.axes import requires_cuda
 
 ERRORS = (RuntimeError, ValueError)
 B, H, S, PAGE, MAX_PAGES = 2, 4, 32, 16, 3

@@ -7,10 +7,11 @@ caches are poisoned beyond every sequence's length."""
 from __future__ import annotations
 
 import pytest
-from axes import DTYPE_IDS, DTYPES_16, requires_cuda
-from checks import assert_matches_reference, assert_repeatable, decode_all_ways
-from make_inputs import make_problem
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES_16, requires_cuda
+from tests.support.checks import assert_matches_reference, assert_repeatable, decode_all_ways
+from tests.support.make_inputs import make_problem
 
 
 def check(problem, dtype, what, **options):

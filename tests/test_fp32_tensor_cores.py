@@ -1,16 +1,17 @@
 """Which kernel runs fp32 on CUDA: the tensor-core one (3xTF32) on devices with at least A100's shared memory, the
 CUDA-core one with MLA_EXT_FP32_CUDA_CORES=1; both within the fp32 tolerance. Launches are counted per path by the
-private op torch.ops.mla._kernel_launch_counts() (tests/launch_paths.py)."""
+private op torch.ops.mla._kernel_launch_counts() (tests/support/launch_paths.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from axes import requires_cuda
-from checks import assert_matches_reference, decode_all_ways
-from launch_paths import FP32_TENSOR_CORE, PORTABLE, counts_from_line, launches_during, run_fresh_process
-from make_inputs import make_problem
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import requires_cuda
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.launch_paths import FP32_TENSOR_CORE, PORTABLE, counts_from_line, launches_during, run_fresh_process
+from tests.support.make_inputs import make_problem
 
 
 @requires_cuda

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import DEVICES
-from checks import assert_matches_reference, decode_all_ways
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from make_inputs import make_problem
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import DEVICES
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.make_inputs import make_problem
 
 problems = st.fixed_dictionaries(
     {

@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
-from checks import assert_matches_reference
-from make_inputs import make_problem, random_states
-from reference import decode_reference, merge_reference
 
 import mla_ext
+from tests.reference import decode_reference, merge_reference
+from tests.support.axes import DTYPE_IDS, DTYPES
+from tests.support.checks import assert_matches_reference
+from tests.support.make_inputs import make_problem, random_states
 
 
 @pytest.mark.parametrize("shape", [(3, 16), (2, 3, 24)], ids=["B-H", "B-Sq-H"])

@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
-from checks import assert_matches_reference
-from make_inputs import empty_outputs_like, make_problem, randn, random_states
-from reference import decode_reference
 
 import mla_ext
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES
+from tests.support.checks import assert_matches_reference
+from tests.support.make_inputs import empty_outputs_like, make_problem, randn, random_states
 
 POISONS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES
-from checks import assert_matches_reference, decode_all_ways
-from make_inputs import make_dense_cache, make_problem, make_queries
-from reference import decode_reference
+
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES
+from tests.support.checks import assert_matches_reference, decode_all_ways
+from tests.support.make_inputs import make_dense_cache, make_problem, make_queries
 
 
 @pytest.mark.parametrize("page_size", [3, 17, 100])

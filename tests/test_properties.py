@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from axes import DTYPE_IDS, requires_cuda
-from checks import OUT_RTOL, assert_matches_reference, assert_repeatable, relative_error
-from make_inputs import empty_outputs_like, make_problem, randn
-from reference import decode_reference
 
 import mla_ext
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, requires_cuda
+from tests.support.checks import OUT_RTOL, assert_matches_reference, assert_repeatable, relative_error
+from tests.support.make_inputs import empty_outputs_like, make_problem, randn
 
 
 def long_problem(gen, device, dtype, page_size=16):

@@ -10,11 +10,11 @@ import math
 
 import pytest
 import torch
-from axes import DTYPE_IDS, requires_cuda
-from checks import relative_error
-from make_inputs import empty_outputs_like, make_problem, random_states
 
 import mla_ext
+from tests.support.axes import DTYPE_IDS, requires_cuda
+from tests.support.checks import relative_error
+from tests.support.make_inputs import empty_outputs_like, make_problem, random_states
 
 
 @contextlib.contextmanager

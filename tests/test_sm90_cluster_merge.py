@@ -2,7 +2,7 @@
 sequence, fp16/bf16) runs in thread-block clusters of a (sequence, row block)'s two pieces, which merge through
 distributed shared memory with no fp32 partials and no combine kernel. A call with seq_lens (several sequences) runs
 its work items in clusters of two: each sequence the planner cuts in exactly two pieces merges in its cluster, the
-combine takes the others. Each case checks the float64 reference and which path ran (tests/launch_paths.py).
+combine takes the others. Each case checks the float64 reference and which path ran (tests/support/launch_paths.py).
 Sequences are ragged (some pieces see no key) and caches are poisoned beyond every sequence's length."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import random
 
 import pytest
 import torch
-from axes import DTYPE_IDS, DTYPES_16
-from checks import assert_repeatable
-from launch_paths import CLUSTER_MERGE, ITEM_PAIRS, SM90, check_on_path, launches_during, requires_hopper
-from make_inputs import make_problem
+
+from tests.support.axes import DTYPE_IDS, DTYPES_16
+from tests.support.checks import assert_repeatable
+from tests.support.launch_paths import CLUSTER_MERGE, ITEM_PAIRS, SM90, check_on_path, launches_during, requires_hopper
+from tests.support.make_inputs import make_problem
 
 # Full, odd, empty, one key, only the first piece, nearly full (capacity 1024).
 LENS = [1024, 517, 0, 1, 65, 1000]

@@ -1,14 +1,16 @@
 """Which CUDA kernel runs: on Hopper (compute capability 9.0) fp16/bf16 calls with more than 16 query rows per
 sequence take the wgmma + TMA kernel, other fp16/bf16 calls the portable kernel (fp32: test_fp32_tensor_cores.py),
 and both agree with the float64 reference. Launches are counted per path by the private op
-torch.ops.mla._kernel_launch_counts() (tests/launch_paths.py)."""
+torch.ops.mla._kernel_launch_counts() (tests/support/launch_paths.py)."""
 
 from __future__ import annotations
 
 import pytest
-from axes import DTYPE_IDS, DTYPES_16
-from checks import assert_matches_reference, assert_repeatable, decode_all_ways
-from launch_paths import (
+
+from tests.reference import decode_reference
+from tests.support.axes import DTYPE_IDS, DTYPES_16
+from tests.support.checks import assert_matches_reference, assert_repeatable, decode_all_ways
+from tests.support.launch_paths import (
     PORTABLE,
     SM90,
     check_on_path,
@@ -18,8 +20,7 @@ from launch_paths import (
     requires_hopper,
     run_fresh_process,
 )
-from make_inputs import make_problem
-from reference import decode_reference
+from tests.support.make_inputs import make_problem
 
 
 def test_launch_counts_op_exists():

@@ -10,10 +10,10 @@ import time
 
 import pytest
 import torch
-from axes import requires_cuda
-from make_inputs import empty_outputs_like, make_problem, random_states
 
 import mla_ext
+from tests.support.axes import requires_cuda
+from tests.support.make_inputs import empty_outputs_like, make_problem, random_states
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 

@@ -12,10 +12,10 @@ import textwrap
 
 import pytest
 import torch
-from axes import requires_cuda
-from make_inputs import empty_outputs_like, make_problem
 
 import mla_ext
+from tests.support.axes import requires_cuda
+from tests.support.make_inputs import empty_outputs_like, make_problem
 
 INT32_MAX = 2**31 - 1
 

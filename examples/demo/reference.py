@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_ext.demo_model import HEADS, KV_LORA_RANK, NOPE_DIM, SM_SCALE, V_DIM, project_latent, project_query, rms_norm
+from examples.demo.model import HEADS, KV_LORA_RANK, NOPE_DIM, SM_SCALE, V_DIM, project_latent, project_query, rms_norm
 
 F64 = torch.float64
 

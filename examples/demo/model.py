@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 import mla_ext
+from mla_ext import HEAD_DIM, ROPE_DIM
 
 HIDDEN = 1024
 HEADS = 16
-KV_LORA_RANK = 512  # the latent width D the kernel sees
-ROPE_DIM = 64  # Dpe
+KV_LORA_RANK = HEAD_DIM  # the latent width D: the kernel supports only this one (and only its ROPE_DIM)
 NOPE_DIM = 128  # per-head query/key width without the rotary part
 V_DIM = 128  # per-head value width
 ROPE_BASE = 10000.0

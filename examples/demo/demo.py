@@ -1,17 +1,17 @@
 """Generate tokens with a small DeepSeek-shaped MLA attention stack whose attention runs on mla_ext over a paged KV
 cache, next to the same stack in plain PyTorch.
 
-    python3 -m mla_ext.demo [--device cuda|cpu] [--dtype bf16|fp16|fp32] [--steps 16] [--layers 4]
-                            [--batch B --prompt-len L] [--graphs]
+    python3 -m examples.demo.demo [--device cuda|cpu] [--dtype bf16|fp16|fp32] [--steps 16] [--layers 4]
+                                  [--batch B --prompt-len L] [--graphs]
 
-The stack (mla_ext/demo_model.py) has random weights (nothing is downloaded): hidden size 1024, 16 heads, a
-512-wide compressed KV latent and a 64-wide rotary key per token, as in DeepSeek-V2/V3. The prompts' cache rows
-are what a prefill would have left (latents of random hidden states); then every decode step appends each
-sequence's new token to every layer's cache, handing out a fresh page from a shuffled pool when a sequence crosses
-a page boundary, and the model picks the next token greedily.
+Run it from the repository root. The stack (examples/demo/model.py) has random weights (nothing is downloaded):
+hidden size 1024, 16 heads, a 512-wide compressed KV latent and a 64-wide rotary key per token, as in
+DeepSeek-V2/V3. The prompts' cache rows are what a prefill would have left (latents of random hidden states); then
+every decode step appends each sequence's new token to every layer's cache, handing out a fresh page from a shuffled
+pool when a sequence crosses a page boundary, and the model picks the next token greedily.
 
 1. Check: the mla_ext stack generates; the plain-PyTorch stack (the same absorbed math with bmm + softmax) and a
-   float64 textbook stack (per-head keys and values, no absorption; mla_ext/demo_reference.py) are fed the same
+   float64 textbook stack (per-head keys and values, no absorption; examples/demo/reference.py) are fed the same
    tokens, and their logits are compared at every step. mla_ext's unused cache slots hold NaN, so a kernel that
    read past a sequence's end would fail the check.
 2. Speed: each stack generates `--steps` tokens from the prompts; tokens/s counts every sequence's tokens. With
@@ -28,18 +28,20 @@ import time
 
 import torch
 
-from mla_ext.demo_model import (
+from examples.demo.model import (
     ATTENTION,
     HEADS,
     HIDDEN,
+    KV_LORA_RANK,
     PAGE_SIZE,
+    ROPE_DIM,
     VOCAB,
     ModelWeights,
     PagedCache,
     decode_step,
     project_latent,
 )
-from mla_ext.demo_reference import TextbookReference
+from examples.demo.reference import TextbookReference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_PROMPTS = (63, 250, 1024, 1777)  # 63 and 1024 make the first step open a fresh page
@@ -181,8 +183,9 @@ def main(argv=None):
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     shown = lens if batch <= 6 else f"{min(lens)}..{max(lens)} ({sum(lens)} tokens)"
-    print(f"mla_ext demo on {name}: {args.dtype}, {args.layers} MLA layers (hidden {HIDDEN}, {HEADS} heads, latent "
-          f"512 + rope 64), {PAGE_SIZE}-token pages, {batch} sequences, prompts {shown}")  # fmt: skip
+    print(f"mla_ext demo on {name}: {args.dtype}, {args.layers} MLA layers (hidden {HIDDEN}, {HEADS} heads, "
+          f"latent {KV_LORA_RANK} + rope {ROPE_DIM}), {PAGE_SIZE}-token pages, {batch} sequences, "
+          f"prompts {shown}")  # fmt: skip
     print(f"check: logits of mla_ext and plain PyTorch vs a float64 textbook stack on sequences {rows}\n")
     worst, agreement = check(weights, caches, reference, start, args.steps)
 

@@ -1,5 +1,5 @@
-"""Measuring helpers shared by scripts/bench.py and the demo: the traffic and work model of one decode call, and a
-latency probe that works the same way on CPU and CUDA."""
+"""Measuring helpers shared by the benchmarks and scripts/context_parallel.py: the traffic and work model of one
+decode call, and a latency probe that works the same way on CPU and CUDA."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-HEAD_DIM = 512  # D: latent width, also the output width
-ROPE_DIM = 64  # Dpe
+from mla_ext import HEAD_DIM, ROPE_DIM
+
 KEY_DIM = HEAD_DIM + ROPE_DIM  # 576 values per cached key; a query row reads as many
 
 
@@ -22,7 +22,7 @@ def decode_bytes(num_heads: int, seq_lens: Sequence[int], elt: int) -> int:
 
 
 def decode_flops(num_heads: int, seq_lens: Sequence[int]) -> int:
-    """FLOPs of one single-token decode call: q.k over 576 values plus p.v over 512, a multiply-add each."""
+    """FLOPs of one single-token decode call: q.k over KEY_DIM values plus p.v over HEAD_DIM, a multiply-add each."""
     return 2 * num_heads * sum(seq_lens) * (KEY_DIM + HEAD_DIM)
 
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-HEAD_DIM = 512  # D
-ROPE_DIM = 64  # Dpe
+from mla_ext import HEAD_DIM, ROPE_DIM
 
 
 @dataclass
@@ -181,8 +180,8 @@ def make_problem(
 
 
 def random_states(gen, shape, dtype, device):
-    """(out [*shape, 512], lse [*shape]) with about a quarter of the rows empty (out 0, lse -inf)."""
-    out = randn(gen, (*shape, 512), dtype, device)
+    """(out [*shape, HEAD_DIM], lse [*shape]) with about a quarter of the rows empty (out 0, lse -inf)."""
+    out = randn(gen, (*shape, HEAD_DIM), dtype, device)
     lse = randn(gen, shape, torch.float32, device, scale=3.0)
     empty = torch.rand(shape, generator=gen) < 0.25
     lse[empty.to(device)] = -math.inf

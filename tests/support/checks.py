@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from make_inputs import empty_outputs_like
 
 import mla_ext
+from tests.support.make_inputs import empty_outputs_like
 
 # Relative Frobenius error of out, per sequence: ||out - ref|| / ||ref||.
 OUT_RTOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}

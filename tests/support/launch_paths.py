@@ -7,19 +7,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from checks import assert_matches_reference, decode_all_ways
-from reference import decode_reference
 
 import mla_ext
+from tests.reference import decode_reference
+from tests.support.checks import assert_matches_reference, decode_all_ways
 
 # CLUSTER_MERGE counts launches (besides their PORTABLE or SM90 count) whose fixed split merged in thread-block
 # clusters, without the combine kernel; ITEM_PAIRS (besides SM90) calls with seq_lens whose work items ran in clusters
 # of two, a sequence of two pieces merged there; HOPPER_CONFIG (besides PORTABLE or FP32_TENSOR_CORE) launches of a
 # portable kernel in a configuration that needs Hopper's shared memory.
 PORTABLE, SM90, FP32_TENSOR_CORE, CLUSTER_MERGE, ITEM_PAIRS, HOPPER_CONFIG = 0, 1, 2, 3, 4, 5
+
+REPO = Path(__file__).resolve().parents[2]  # fresh processes start here, so they import tests.support and mla_ext
 
 
 def _is_hopper():
@@ -49,11 +52,13 @@ def launches_during(fn):
 
 
 def run_fresh_process(script, **env):
-    """Runs the Python script in a new process with the extra environment; returns its stdout lines. The script ends
-    by printing list(torch.ops.mla._kernel_launch_counts()); parse it with counts_from_line."""
+    """Runs the Python script in a new process with the extra environment, from the repository root (so it can
+    import tests.support); returns its stdout lines. The script ends by printing
+    list(torch.ops.mla._kernel_launch_counts()); parse it with counts_from_line."""
     result = subprocess.run(
-        [sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()
 

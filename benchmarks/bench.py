@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark mla_ext.decode on the absorbed-MLA decode workload, next to every peer available in the same run.
 
-    python3 scripts/bench.py [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
-                             [--batch 1,16] [--heads 16] [--seqlen 16384] [--kv-len-per-split N]
-    python3 scripts/bench.py --ragged [--device cuda|cpu] [--heads 16,128]   (scripts/bench_ragged.py)
+    python3 -m benchmarks.bench [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
+                                [--batch 1,16] [--heads 16] [--seqlen 16384] [--kv-len-per-split N]
+    python3 -m benchmarks.bench --ragged [--device cuda|cpu] [--heads 16,128]   (benchmarks/bench_ragged.py)
+
+Run from the repository root (it imports mla_ext, benchmarks.common and tests.reference from there).
 
 Workload: D=512, Dpe=64, one query token, every sequence full length S, one [B, S, 576] cache per layer (latent kv
 in the first 512 values, k_pe in the last 64, as serving frameworks store it) and one [B, H, 576] query.
@@ -40,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-# Set by import_project() after argument parsing, so that --help works without a built extension.
+# Set by import_project() after argument parsing, so that --help works without a built extension; the head dims
+# (common.HEAD_DIM, ROPE_DIM, KEY_DIM) come from mla_ext through common, so they too are read at run time.
 mla_ext = None
-bench_utils = None
+common = None
 
 REPO = Path(__file__).resolve().parents[1]
-HEAD_DIM, ROPE_DIM = 512, 64  # the workload: DeepSeek's latent width and rope width
-KEY_DIM = HEAD_DIM + ROPE_DIM
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
 # The full grid; fp16 and fp32 run on SUBSET, the configs with published peer figures. Tuples are (B, H, S).
@@ -64,13 +65,16 @@ LAYER_BUDGET = {"cuda": 1.5e9, "cpu": 128e6}
 MAX_LAYERS = {"cuda": 128, "cpu": 32}
 # Passing bound on max|out - ref| / max|ref| (fp32 allows TF32-rounded tensor-core inputs).
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}
-# "mla_ext_seq_lens" is mla_ext again, passed full-length seq_lens as serving engines do (on CUDA that sizes the
-# splits on the device, from the lengths); not a default peer.
-PEERS = ("eager", "flashmla", "flashinfer", "mla_ext_seq_lens")
-DEFAULT_PEERS = ("eager", "flashmla", "flashinfer")
+# "mla_ext_paged" is the call serving engines make: the same memory as 64-token pages of one [P, 64, 576] cache,
+# a block table and device seq_lens (full length), as FlashMLA and FlashInfer are given; the serving ratios compare
+# the peers with it. "mla_ext_seq_lens" is the dense call with seq_lens; not a default peer.
+PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer", "mla_ext_seq_lens")
+DEFAULT_PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer")
+SERVING = "mla_ext_paged"
 PEER_LABELS = {
     "mla_ext": "mla_ext",
     "eager": "PyTorch eager",
+    "mla_ext_paged": "mla_ext paged",
     "flashmla": "FlashMLA",
     "flashinfer": "FlashInfer",
     "mla_ext_seq_lens": "mla_ext with seq_lens",
@@ -93,6 +97,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--peers", default=",".join(DEFAULT_PEERS), help=f"comma list of {','.join(PEERS)} (empty: none)"
     )
+    parser.add_argument(
+        "--peer-path", type=Path, action="append", default=[],
+        help="folder holding a peer's prebuilt module (FlashMLA's flashmla_dense), searched before installed packages",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, help="CPU threads for both methods (default: torch's choice)")
     parser.add_argument(
         "--kv-len-per-split", type=int, help="fixed split size for mla_ext (default: its own choice from the shapes)"
@@ -100,7 +108,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
     parser.add_argument("--ragged", action="store_true", help="instead of the grid: ragged vs uniform batches of the "
-                        "same total tokens (scripts/bench_ragged.py)")  # fmt: skip
+                        "same total tokens (benchmarks/bench_ragged.py)")  # fmt: skip
     args = parser.parse_args(argv)
     args.dtypes = DTYPE_NAMES if args.dtype == "all" else tuple(args.dtype.split(","))
     for name in args.dtypes:
@@ -151,15 +159,15 @@ class Workload:
 
     @property
     def cache_bytes(self):
-        return self.batch * self.seqlen * KEY_DIM * self.dtype.itemsize
+        return self.batch * self.seqlen * common.KEY_DIM * self.dtype.itemsize
 
     @property
     def bytes(self):
-        return bench_utils.decode_bytes(self.heads, [self.seqlen] * self.batch, self.dtype.itemsize)
+        return common.decode_bytes(self.heads, [self.seqlen] * self.batch, self.dtype.itemsize)
 
     @property
     def flops(self):
-        return bench_utils.decode_flops(self.heads, [self.seqlen] * self.batch)
+        return common.decode_flops(self.heads, [self.seqlen] * self.batch)
 
     def num_layers(self, device_type):
         layers = math.ceil(LAYER_BUDGET[device_type] / self.cache_bytes)
@@ -175,28 +183,27 @@ class Layer:
 
     @property
     def q(self):
-        return self.q_full[..., :HEAD_DIM]  # [B, H, 512]
+        return self.q_full[..., : common.HEAD_DIM]  # [B, H, 512]
 
     @property
     def q_pe(self):
-        return self.q_full[..., HEAD_DIM:]  # [B, H, 64]
+        return self.q_full[..., common.HEAD_DIM :]  # [B, H, 64]
 
     @property
     def kv(self):
-        return self.cache[..., :HEAD_DIM]  # [B, S, 512]
+        return self.cache[..., : common.HEAD_DIM]  # [B, S, 512]
 
     @property
     def k_pe(self):
-        return self.cache[..., HEAD_DIM:]  # [B, S, 64]
+        return self.cache[..., common.HEAD_DIM :]  # [B, S, 64]
 
 
 def make_layers(work, count, device, generator):
     def randn(*shape):
         return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(work.dtype)
 
-    return [
-        Layer(randn(work.batch, work.heads, KEY_DIM), randn(work.batch, work.seqlen, KEY_DIM)) for _ in range(count)
-    ]
+    width = common.KEY_DIM
+    return [Layer(randn(work.batch, work.heads, width), randn(work.batch, work.seqlen, width)) for _ in range(count)]
 
 
 class Unavailable(Exception):
@@ -208,7 +215,7 @@ class Unavailable(Exception):
 
 
 def build_mla_ext(work, layers, sm_scale, with_seq_lens=False, kv_len_per_split=None):
-    outs = [torch.empty_like(layer.q_full[..., :HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, H, 512] each
     seq_lens = None
     if with_seq_lens:  # every sequence full: the same keys, only the split choice differs
         seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=layers[0].cache.device)
@@ -222,6 +229,32 @@ def build_mla_ext(work, layers, sm_scale, with_seq_lens=False, kv_len_per_split=
         return outs[i]
 
     return run
+
+
+def build_mla_ext_paged(work, layers, sm_scale):
+    if work.seqlen % FLASH_PAGE_SIZE:
+        raise Unavailable(f"S must be a multiple of {FLASH_PAGE_SIZE}")
+    block_table, seq_lens = _page_tables(work, layers[0].cache.device)
+    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+    pages = [layer.cache.view(-1, FLASH_PAGE_SIZE, common.KEY_DIM) for layer in layers]  # [P, 64, 576]
+
+    def run(i):
+        layer, cache = layers[i], pages[i]
+        mla_ext.decode(
+            layer.q, layer.q_pe, cache[..., :common.HEAD_DIM], cache[..., common.HEAD_DIM:], sm_scale=sm_scale,
+            block_table=block_table, seq_lens=seq_lens, out=outs[i],
+        )  # fmt: skip
+        return outs[i]
+
+    return run
+
+
+def _page_tables(work, device):
+    """Block table [B, S / 64] (sequence b owns pages b * S / 64 onwards) and full-length int32 seq_lens [B]."""
+    pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
+    block_table = torch.arange(work.batch * pages_per_seq, dtype=torch.int32, device=device)
+    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=device)
+    return block_table.view(work.batch, pages_per_seq), seq_lens
 
 
 def build_eager(work, layers, sm_scale):
@@ -238,24 +271,46 @@ def build_flashmla(work, layers, sm_scale):
     try:
         from flash_mla import flash_mla_with_kvcache, get_mla_metadata
     except ImportError:
-        raise Unavailable("not installed") from None
+        return build_flashmla_dense(work, layers, sm_scale)
     _require_flash_shapes(work)
-    device = layers[0].cache.device
-    pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
-    block_table = torch.arange(work.batch * pages_per_seq, dtype=torch.int32, device=device)
-    block_table = block_table.view(work.batch, pages_per_seq)  # [B, S / 64]: sequence b owns its own pages
-    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=device)
+    block_table, seq_lens = _page_tables(work, layers[0].cache.device)
     # Older releases take (seq_lens, s_q * h_q / h_kv, h_kv); newer ones ignore the arguments and fill the
     # returned metadata on the first call, which the warm-up call before capture makes.
     metadata, num_splits = get_mla_metadata(seq_lens, work.heads, 1)
     queries = [layer.q_full.unsqueeze(1) for layer in layers]  # [B, 1, H, 576]
-    caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
+    caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, common.KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
 
     def run(i):
         out, _ = flash_mla_with_kvcache(
-            queries[i], caches[i], block_table, seq_lens, HEAD_DIM, metadata, num_splits,
+            queries[i], caches[i], block_table, seq_lens, common.HEAD_DIM, metadata, num_splits,
             softmax_scale=sm_scale, causal=False,
         )  # fmt: skip
+        return out.squeeze(1)  # [B, H, 512]
+
+    return run
+
+
+def build_flashmla_dense(work, layers, sm_scale):
+    """FlashMLA's dense decode as a prebuilt module (flashmla_dense, found through --peer-path): its scheduling
+    metadata is computed once, as engines do once per step, and passed to every layer's call."""
+    try:
+        import flashmla_dense
+    except ImportError as error:
+        raise Unavailable(f"neither flash_mla nor flashmla_dense imports ({error})") from None
+    _require_flash_shapes(work)
+    if work.dtype_name != "bf16":
+        raise Unavailable("prebuilt for bf16 only")
+    block_table, seq_lens = _page_tables(work, layers[0].cache.device)
+    queries = [layer.q_full.unsqueeze(1) for layer in layers]  # [B, 1, H, 576]
+    caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, common.KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
+    _, _, metadata, num_splits = flashmla_dense.dense_decode_fwd(
+        queries[0], caches[0], common.HEAD_DIM, seq_lens, block_table, sm_scale, False, None, None
+    )
+
+    def run(i):
+        out, _, _, _ = flashmla_dense.dense_decode_fwd(
+            queries[i], caches[i], common.HEAD_DIM, seq_lens, block_table, sm_scale, False, metadata, num_splits
+        )
         return out.squeeze(1)  # [B, H, 512]
 
     return run
@@ -283,15 +338,15 @@ def build_flashinfer(work, layers, sm_scale):
         kv_indices=torch.empty_like(kv_indices), kv_len_arr=torch.empty_like(kv_lens),
     )  # fmt: skip
     wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_lens, work.heads, HEAD_DIM, ROPE_DIM, FLASH_PAGE_SIZE, False, sm_scale,
-        work.dtype, work.dtype,
+        qo_indptr, kv_indptr, kv_indices, kv_lens, work.heads, common.HEAD_DIM, common.ROPE_DIM, FLASH_PAGE_SIZE,
+        False, sm_scale, work.dtype, work.dtype,
     )  # fmt: skip
     q_nope = [layer.q.contiguous() for layer in layers]  # [B, H, 512]
     q_pe = [layer.q_pe.contiguous() for layer in layers]  # [B, H, 64]
-    paged = [layer.cache.view(-1, FLASH_PAGE_SIZE, KEY_DIM) for layer in layers]  # [P, 64, 576]
+    paged = [layer.cache.view(-1, FLASH_PAGE_SIZE, common.KEY_DIM) for layer in layers]  # [P, 64, 576]
 
     def run(i):
-        return wrapper.run(q_nope[i], q_pe[i], paged[i][..., :HEAD_DIM], paged[i][..., HEAD_DIM:])
+        return wrapper.run(q_nope[i], q_pe[i], paged[i][..., : common.HEAD_DIM], paged[i][..., common.HEAD_DIM :])
 
     return run
 
@@ -306,6 +361,7 @@ def _require_flash_shapes(work):
 BUILDERS = {
     "mla_ext": build_mla_ext,
     "eager": build_eager,
+    "mla_ext_paged": build_mla_ext_paged,
     "flashmla": build_flashmla,
     "flashinfer": build_flashinfer,
     "mla_ext_seq_lens": functools.partial(build_mla_ext, with_seq_lens=True),
@@ -316,7 +372,7 @@ def time_method(run, num_layers, device, repeats):
     """(microseconds per layer, layer 0's output). CUDA: one graph over all layers; CPU: a plain loop."""
     if device.type == "cpu":
         out0 = run(0)
-        us = bench_utils.median_us(lambda: [run(i) for i in range(num_layers)], device, repeats, warmup_s=0.0)
+        us = common.median_us(lambda: [run(i) for i in range(num_layers)], device, repeats, warmup_s=0.0)
         return us / num_layers, out0
     # Warm up outside capture, on a side stream as torch.cuda.graphs asks: lazy init (handles, JIT, metadata).
     side = torch.cuda.Stream()
@@ -327,18 +383,17 @@ def time_method(run, num_layers, device, repeats):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = [run(i) for i in range(num_layers)]  # kept alive: layer 0's output is checked after the replays
-    us = bench_utils.median_us(graph.replay, device, repeats, warmup_s=0.1)
+    us = common.median_us(graph.replay, device, repeats, warmup_s=0.1)
     return us / num_layers, outs[0]
 
 
 def load_reference():
-    path = REPO / "tests" / "reference.py"
-    if not path.exists():
+    """The float64 reference of the test suite, or None where the tests are not beside the benchmarks."""
+    try:
+        from tests.reference import decode_reference
+    except ModuleNotFoundError:
         return None
-    spec = importlib.util.spec_from_file_location("mla_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.decode_reference
+    return decode_reference
 
 
 def reference_slice(reference, layer, sm_scale):
@@ -366,7 +421,7 @@ def measure_ceilings(device):
 def copy_gbps(device, size=2 << 30):
     src = torch.empty(size, dtype=torch.uint8, device=device).fill_(7)
     dst = torch.empty_like(src)
-    us = bench_utils.median_us(lambda: dst.copy_(src), device, repeats=10, warmup_s=0.1)
+    us = common.median_us(lambda: dst.copy_(src), device, repeats=10, warmup_s=0.1)
     return 2 * size / us / 1e3
 
 
@@ -374,7 +429,7 @@ def matmul_tflops(device, size=8192):
     gen = torch.Generator(device=device).manual_seed(1)
     a, b = (torch.randn(size, size, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
     c = torch.empty_like(a)
-    us = bench_utils.median_us(lambda: torch.mm(a, b, out=c), device, repeats=10, warmup_s=0.1)
+    us = common.median_us(lambda: torch.mm(a, b, out=c), device, repeats=10, warmup_s=0.1)
     return 2 * size**3 / us / 1e6
 
 
@@ -383,7 +438,7 @@ def bench_config(work, device, methods, reference, repeats, seed, builders=BUILD
     num_layers = work.num_layers(device.type)
     generator = torch.Generator(device=device).manual_seed(seed)
     layers = make_layers(work, num_layers, device, generator)
-    sm_scale = KEY_DIM**-0.5
+    sm_scale = common.KEY_DIM**-0.5
     ref = reference_slice(reference, layers[0], sm_scale) if reference else None
     record = {
         "dtype": work.dtype_name, "batch": work.batch, "heads": work.heads, "seqlen": work.seqlen,
@@ -408,13 +463,21 @@ def bench_config(work, device, methods, reference, repeats, seed, builders=BUILD
             entry["rel_err"] = relative_error(out0, *ref)
             entry["check"] = "pass" if entry["rel_err"] <= TOLERANCE[work.dtype_name] else "FAIL"
         del out0
-    mine = record["methods"].get("mla_ext", {})
-    record["speedup"] = {
+    record["speedup"] = speedups(record, "mla_ext")
+    record["serving_speedup"] = speedups(record, SERVING)
+    return record
+
+
+def speedups(record, baseline):
+    """peer time / baseline time for every other method that ran (above 1: the baseline is faster)."""
+    mine = record["methods"].get(baseline, {})
+    if mine.get("status") != "ok":
+        return {}
+    return {
         name: entry["us"] / mine["us"]
         for name, entry in record["methods"].items()
-        if name != "mla_ext" and entry.get("status") == "ok" and mine.get("status") == "ok"
+        if name not in ("mla_ext", baseline) and entry.get("status") == "ok"
     }
-    return record
 
 
 def flop_unit(device_type):
@@ -430,7 +493,7 @@ def progress_line(index, total, record, ceilings, device_type):
         if entry.get("status") != "ok":
             parts.append(f"{name}: {entry['status']}")
             continue
-        gbps, flops = bench_utils.format_rate(entry["gbps"]), bench_utils.format_rate(entry["tflops"] * scale)
+        gbps, flops = common.format_rate(entry["gbps"]), common.format_rate(entry["tflops"] * scale)
         text = f"{name} {entry['us']:.1f} us {gbps} GB/s {flops} {unit}"
         if name == "mla_ext" and ceilings:
             text += f" ({100 * entry['gbps'] / ceilings['copy_gbps']:.0f}% copy)"
@@ -465,13 +528,20 @@ def markdown(meta, ceilings, records, peers, device_type):
     for name in peers:
         if name not in shown and name in missing:
             lines.append(f"{PEER_LABELS[name]}: {missing[name]}.")
+    serving = [p for p in shown if p != SERVING] if SERVING in shown else []
     lines.append("Speedup = peer time / mla_ext time (above 1: mla_ext is faster). err = max|out - ref| / max|ref|.")
+    if serving:
+        lines.append(
+            f"paged x <peer> = peer time / {PEER_LABELS[SERVING]} time: the serving call (64-token pages, block table, "
+            "device seq_lens) against the peers given the same pages."
+        )
     lines.append("")
     header = ["dtype", "B", "H", "S", "L", "mla_ext us", "GB/s", unit]
     if ceilings:
         header += ["% copy BW", "byte floor us"]
     for name in shown:
         header += [f"{PEER_LABELS[name]} us", f"x {PEER_LABELS[name]}"]
+    header += [f"paged x {PEER_LABELS[name]}" for name in serving]
     header += ["err", "check"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in records:
@@ -480,8 +550,8 @@ def markdown(meta, ceilings, records, peers, device_type):
         if mine.get("status") == "ok":
             row += [
                 f"{mine['us']:.1f}",
-                bench_utils.format_rate(mine["gbps"]),
-                bench_utils.format_rate(mine["tflops"] * scale),
+                common.format_rate(mine["gbps"]),
+                common.format_rate(mine["tflops"] * scale),
             ]
         else:
             row += [mine.get("status", "?"), "", ""]
@@ -495,19 +565,21 @@ def markdown(meta, ceilings, records, peers, device_type):
                 row += [f"{entry['us']:.1f}", f"{ratio:.2f}" if ratio else ""]
             else:
                 row += [entry.get("status", ""), ""]
+        row += [f"{r['serving_speedup'][name]:.2f}" if name in r["serving_speedup"] else "" for name in serving]
         row += [f"{mine['rel_err']:.1e}" if "rel_err" in mine else "", mine.get("check", "not checked")]
         lines.append("| " + " | ".join(str(v) for v in row) + " |")
     lines.append("")
-    for name in shown:
-        for dtype_name in dict.fromkeys(r["dtype"] for r in records):
-            ratios = [r["speedup"][name] for r in records if name in r["speedup"] and r["dtype"] == dtype_name]
-            if not ratios:
-                continue
-            geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            lines.append(
-                f"{dtype_name}: mla_ext vs {PEER_LABELS[name]}: {geomean:.2f}x geometric mean over {len(ratios)} "
-                f"configs ({min(ratios):.2f}x to {max(ratios):.2f}x)."
-            )
+    for mine_name, key, names in (("mla_ext", "speedup", shown), (SERVING, "serving_speedup", serving)):
+        for name in names:
+            for dtype_name in dict.fromkeys(r["dtype"] for r in records):
+                ratios = [r[key][name] for r in records if name in r[key] and r["dtype"] == dtype_name]
+                if not ratios:
+                    continue
+                geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+                lines.append(
+                    f"{dtype_name}: {PEER_LABELS[mine_name]} vs {PEER_LABELS[name]}: {geomean:.2f}x geometric mean "
+                    f"over {len(ratios)} configs ({min(ratios):.2f}x to {max(ratios):.2f}x)."
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -608,27 +680,28 @@ def _version_of(module):
 
 
 def import_project():
-    global mla_ext, bench_utils
+    global mla_ext, common
     import mla_ext
-    import mla_ext.bench_utils as bench_utils
+    from benchmarks import common
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("CUDA is not available here; use --device cpu for the CPU kernel.")
+    sys.path[:0] = [str(path.resolve()) for path in args.peer_path]  # prebuilt peers, found before installed ones
     import_project()
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     reference = load_reference()
     if reference is None:
-        print("correctness check skipped: tests/reference.py not found next to scripts/", flush=True)
+        print("correctness check skipped: tests/reference.py not found next to benchmarks/", flush=True)
     meta = run_metadata(device)
     print(f"mla_ext {meta['mla_ext']} on {meta['device']}, torch {meta['torch']}", flush=True)
 
     if args.ragged:
-        from bench_ragged import run_ragged  # next to this script
+        from benchmarks.bench_ragged import run_ragged
 
         return run_ragged(args, device, time_method, reference, meta)
 

@@ -1,5 +1,6 @@
-"""`scripts/bench.py --ragged`: a ragged batch (a few long sequences among many short ones) against a uniform batch
-of the same B, H and total tokens, timed as the main grid is (BENCH.md: L layers in one CUDA graph, median replay).
+"""`python3 -m benchmarks.bench --ragged`: a ragged batch (a few long sequences among many short ones) against a
+uniform batch of the same B, H and total tokens, timed as the main grid is (BENCH.md: L layers in one CUDA graph,
+median replay).
 
 Both batches use the serving layout: one pool of 64-token pages per layer, pages handed out in shuffled order, an
 int32 block table and seq_lens on the device; the block table is as wide as the longest sequence. The figure to
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 import torch
 
 import mla_ext
-from mla_ext.bench_utils import decode_bytes, format_rate
+from benchmarks.common import KEY_DIM, decode_bytes, format_rate
+from mla_ext import HEAD_DIM
 
 PAGE_SIZE = 64
-KEY_DIM, HEAD_DIM = 576, 512
 LAYER_BUDGET = {"cuda": 1.5e9, "cpu": 128e6}  # as bench.py: distinct caches per timed pass
 MAX_LAYERS = {"cuda": 128, "cpu": 32}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}  # max|out - ref| / max|ref|, as bench.py
