@@ -11,15 +11,23 @@ Environment knobs:
   MLA_EXT_GIT_REVISION      revision to record in build_info when building outside a git checkout
   MAX_JOBS                  parallel compile jobs (torch's ninja builder)
   CUDA_HOME / CUDA_PATH     the CUDA toolkit root (found from nvcc when unset)
+  CXX / CC                  the C++ compiler (default c++) and the C compiler torch hands nvcc as its host compiler
+  MLA_EXT_ALLOW_STATIC_LIBSTDCXX=1
+                            build even with a CXX that links libstdc++ statically (see below); not recommended
 
-The sources come from csrc/sources.txt (shared with CMakeLists.txt).
+The sources come from csrc/sources.txt (shared with CMakeLists.txt). Before compiling, build_tools/compiler_guard.py
+checks that CXX links libstdc++ dynamically: a statically linked copy makes every C++ exception thrown into torch (an
+argument error) crash Python. When CXX does not, the build switches to the system g++ (and its gcc as CC) if that
+one does, and stops with the fix otherwise. build_info records the compiler that was used.
 
 The library holds only TORCH_LIBRARY registrations and no Python module, so it is built against the stable ABI
 (py_limited_api): one wheel per torch version serves every CPython that torch supports.
 """
 
+import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,6 +102,7 @@ import torch  # noqa: E402
 import torch.utils.cpp_extension as cpp_extension  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
+
 def read_sources(kind, path=ROOT / "csrc" / "sources.txt"):
     """The sources of one kind ("cpu" or "cuda") from the list setup.py and CMakeLists.txt share: lines
     "<kind> <path>", '#' starts a comment."""
@@ -107,6 +116,14 @@ def read_sources(kind, path=ROOT / "csrc" / "sources.txt"):
         if fields[0] == kind:
             sources.append(fields[1])
     return sources
+
+
+def load_compiler_guard():
+    """build_tools/compiler_guard.py, loaded by path: setup.py runs without the source tree on sys.path."""
+    spec = importlib.util.spec_from_file_location("mla_ext_compiler_guard", ROOT / "build_tools" / "compiler_guard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 CPU_SOURCES = read_sources("cpu")
@@ -142,12 +159,13 @@ def nvcc_version():
     return match.group(1) if match else None
 
 
-def compiler_version(compiler):
+def compiler_description(compiler):
+    """'/usr/bin/g++: g++ (Ubuntu 13.2.0-4ubuntu3) 13.2.0': the command and its version line."""
     try:
-        lines = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+        lines = subprocess.run([*shlex.split(compiler), "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return lines.splitlines()[0] if lines else None
+        lines = ""
+    return f"{compiler}: {lines.splitlines()[0]}" if lines else compiler
 
 
 def git_revision():
@@ -182,7 +200,6 @@ def make_extension():
         "cuda_archs": None,
         "cpu_only_reason": None if with_cuda else reason,
         "cxx11_abi": torch.compiled_with_cxx11_abi(),
-        "compiler": compiler_version(os.environ.get("CXX", "c++")),
         "py_limited_api": limited_api_tag(),
         "git_revision": git_revision(),
     }
@@ -222,12 +239,16 @@ def make_extension():
 
 
 class BuildWithInfo(BuildExtension):
-    """Writes mla_ext/_build_info.py beside the built library (in the source tree for in-place builds, in the
-    wheel's staging folder otherwise), so the package can say what it was built against."""
+    """Settles the C++ compiler (build_tools/compiler_guard.py) before compiling, then writes mla_ext/_build_info.py
+    beside the built library (in the source tree for in-place builds, in the wheel's staging folder otherwise), so
+    the package can say what it was built against."""
 
     def run(self):
+        # Here rather than at import: egg_info and sdist need no compiler. CXX and CC are read when compiling.
+        cxx = load_compiler_guard().settle_cxx(os.environ)
         super().run()
-        info = dict(BUILD_INFO, version=self.distribution.get_version(), python=sys.version.split()[0])
+        info = dict(BUILD_INFO, version=self.distribution.get_version(), python=sys.version.split()[0],
+                    compiler=compiler_description(cxx))
         info_path = Path(self.get_ext_fullpath("mla_ext._C")).parent / "_build_info.py"
         info_path.parent.mkdir(parents=True, exist_ok=True)
         info_path.write_text("# Written by setup.py at build time; read through mla_ext.build_info.\n"

@@ -12,10 +12,11 @@ if ((${#missing[@]})); then
   "$PYTHON" -m pip install --quiet "${missing[@]}"
 fi
 
-# Rebuild only when a source is newer than the built library (or there is none).
+# Rebuild only when a source, the source list (csrc/sources.txt) or the build code is newer than the built library
+# (or there is none).
 libraries=(mla_ext/_C*.so)
 library="${libraries[0]}"
-if [[ ! -e "$library" || -n "$(find csrc setup.py -newer "$library" -type f)" ]]; then
+if [[ ! -e "$library" || -n "$(find csrc build_tools setup.py -newer "$library" -type f)" ]]; then
   echo "setup: building mla_ext (MAX_JOBS=${MAX_JOBS:=$(nproc)})"
   export MAX_JOBS
   "$PYTHON" -m pip install --quiet --no-build-isolation --no-deps -e .

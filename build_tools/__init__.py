@@ -1,0 +1,1 @@
+"""Build-time helpers for setup.py (not shipped in the package)."""
