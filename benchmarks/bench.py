@@ -712,7 +712,8 @@ def main(argv=None):
             f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
             flush=True,
         )
-    peers = [p for p in args.peers if device.type == "cuda" or p in ("eager", "mla_ext_seq_lens")]  # CUDA-only peers
+    cpu_peers = ("eager", "mla_ext_paged", "mla_ext_seq_lens")  # the others are CUDA kernels
+    peers = [p for p in args.peers if device.type == "cuda" or p in cpu_peers]
     methods = ["mla_ext", *peers]
     work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]
     builders = dict(BUILDERS)
