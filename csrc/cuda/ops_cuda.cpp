@@ -97,9 +97,9 @@ struct CudaBackend {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     call_launcher("mla.decode", [&] {
       switch (problem.dtype) {
-        case DType::kFloat16: cuda::launch_decode<DType::kFloat16>(p, kernel, stream); break;
-        case DType::kBFloat16: cuda::launch_decode<DType::kBFloat16>(p, kernel, stream); break;
-        case DType::kFloat32: cuda::launch_decode<DType::kFloat32>(p, kernel, stream); break;
+        case DType::kFloat16: cuda::launch_decode<DType::kFloat16>(p, kernel, device, stream); break;
+        case DType::kBFloat16: cuda::launch_decode<DType::kBFloat16>(p, kernel, device, stream); break;
+        case DType::kFloat32: cuda::launch_decode<DType::kFloat32>(p, kernel, device, stream); break;
       }
     });
   }

@@ -3,6 +3,7 @@
 
 namespace mla::cuda {
 template KernelChoice choose_kernel<DType::kBFloat16>(const DecodeParams&, const DeviceInfo&);
-template void launch_decode<DType::kBFloat16>(const DecodeParams&, const KernelChoice&, cudaStream_t);
+template void launch_decode<DType::kBFloat16>(const DecodeParams&, const KernelChoice&, const DeviceInfo&,
+                                              cudaStream_t);
 template void launch_merge_states<DType::kBFloat16>(const MergeStatesParams&, cudaStream_t);
 }  // namespace mla::cuda

@@ -18,8 +18,6 @@ struct KernelChoice {
   int row_tile;  // query rows per CTA (schedule/tile_plan.h)
   bool hopper;   // the device runs Hopper's kernel and configurations (sm90_kernel_enabled): deeper pipelines,
                  // fp32 on 32-key tiles
-  // Balanced splits: ranges of the batch's keys (several sequences per CTA), else one work item per CTA.
-  bool walks_ranges() const { return kernel != MainKernel::kSm90 && kernel != MainKernel::kManyRows; }
 };
 
 }  // namespace mla::cuda

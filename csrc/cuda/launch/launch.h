@@ -15,10 +15,12 @@ namespace mla::cuda {
 template <DType dtype>
 KernelChoice choose_kernel(const DecodeParams& params, const DeviceInfo& device);
 
-// Runs the chosen main kernel and, when the split has several pieces, the split-combine kernel, on `stream`.
-// Writes params.out and params.lse for every row, including rows that see no key (out 0, lse -inf).
+// Runs the chosen main kernel and, when the split has several pieces, the split-combine kernel, on `stream`, with the
+// device facts the choice was made from. Writes params.out and params.lse for every row, including rows that see no
+// key (out 0, lse -inf).
 template <DType dtype>
-void launch_decode(const DecodeParams& params, const KernelChoice& kernel, cudaStream_t stream);
+void launch_decode(const DecodeParams& params, const KernelChoice& kernel, const DeviceInfo& device,
+                   cudaStream_t stream);
 
 // out = exp(lse_a - m) * out_a + exp(lse_b - m) * out_b normalised; both -inf gives out 0, lse -inf.
 template <DType dtype>

@@ -315,9 +315,8 @@ KernelChoice choose_kernel(const DecodeParams& p, const DeviceInfo& d) {
 }
 
 template <DType dtype>
-void launch_decode(const DecodeParams& p, const KernelChoice& choice, cudaStream_t stream) {
+void launch_decode(const DecodeParams& p, const KernelChoice& choice, const DeviceInfo& d, cudaStream_t stream) {
   using T = typename ElementOf<dtype>::type;
-  const DeviceInfo d = current_device_info();
   bool launched = false;
   if constexpr (dtype == DType::kFloat32) {
     if (choice.kernel == MainKernel::kFp32TensorCore) {
