@@ -66,15 +66,17 @@ MAX_LAYERS = {"cuda": 128, "cpu": 32}
 # Passing bound on max|out - ref| / max|ref| (fp32 allows TF32-rounded tensor-core inputs).
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}
 # "mla_ext_paged" is the call serving engines make: the same memory as 64-token pages of one [P, 64, 576] cache,
-# a block table and device seq_lens (full length), as FlashMLA and FlashInfer are given; the serving ratios compare
-# the peers with it. "mla_ext_seq_lens" is the dense call with seq_lens; not a default peer.
-PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer", "mla_ext_seq_lens")
+# a block table and device seq_lens (full length), as FlashMLA and FlashInfer are given, with the plan made once
+# (mla_ext.plan), as FlashMLA's metadata is; the serving ratios compare the peers with it. Not default peers:
+# "mla_ext_paged_per_call" (the same call planning per layer) and "mla_ext_seq_lens" (the dense call with seq_lens).
+PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer", "mla_ext_paged_per_call", "mla_ext_seq_lens")
 DEFAULT_PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer")
 SERVING = "mla_ext_paged"
 PEER_LABELS = {
     "mla_ext": "mla_ext",
     "eager": "PyTorch eager",
     "mla_ext_paged": "mla_ext paged",
+    "mla_ext_paged_per_call": "mla_ext paged, planned per call",
     "flashmla": "FlashMLA",
     "flashinfer": "FlashInfer",
     "mla_ext_seq_lens": "mla_ext with seq_lens",
@@ -105,6 +107,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--kv-len-per-split", type=int, help="fixed split size for mla_ext (default: its own choice from the shapes)"
     )
+    parser.add_argument(
+        "--page-size", type=int, default=64,
+        help="keys per page of mla_ext's paged calls, viewing the same memory (FlashMLA and FlashInfer keep 64)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
     parser.add_argument("--ragged", action="store_true", help="instead of the grid: ragged vs uniform batches of the "
@@ -114,6 +120,8 @@ def parse_args(argv=None):
     for name in args.dtypes:
         if name not in DTYPE_NAMES:
             parser.error(f"--dtype: expected bf16, fp16, fp32 or all, got {name!r}")
+    if args.page_size < 1:
+        parser.error(f"--page-size: expected a positive integer, got {args.page_size}")
     args.peers = tuple(p for p in args.peers.split(",") if p)
     for name in args.peers:
         if name not in PEERS:
@@ -231,27 +239,34 @@ def build_mla_ext(work, layers, sm_scale, with_seq_lens=False, kv_len_per_split=
     return run
 
 
-def build_mla_ext_paged(work, layers, sm_scale):
-    if work.seqlen % FLASH_PAGE_SIZE:
-        raise Unavailable(f"S must be a multiple of {FLASH_PAGE_SIZE}")
-    block_table, seq_lens = _page_tables(work, layers[0].cache.device)
+def build_mla_ext_paged(work, layers, sm_scale, planned=True, page_size=FLASH_PAGE_SIZE):
+    if work.seqlen % page_size:
+        raise Unavailable(f"S must be a multiple of {page_size}")
+    block_table, seq_lens = _page_tables(work, layers[0].cache.device, page_size)
     outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, H, 512] each
-    pages = [layer.cache.view(-1, FLASH_PAGE_SIZE, common.KEY_DIM) for layer in layers]  # [P, 64, 576]
+    pages = [layer.cache.view(-1, page_size, common.KEY_DIM) for layer in layers]  # [P, page_size, 576]
+
+    def arguments(i):
+        layer, cache = layers[i], pages[i]
+        return (layer.q, layer.q_pe, cache[..., :common.HEAD_DIM], cache[..., common.HEAD_DIM:]), dict(
+            sm_scale=sm_scale, block_table=block_table, seq_lens=seq_lens
+        )  # fmt: skip
+
+    args, kwargs = arguments(0)
+    plan = mla_ext.plan(*args, **kwargs) if planned else None
 
     def run(i):
-        layer, cache = layers[i], pages[i]
-        mla_ext.decode(
-            layer.q, layer.q_pe, cache[..., :common.HEAD_DIM], cache[..., common.HEAD_DIM:], sm_scale=sm_scale,
-            block_table=block_table, seq_lens=seq_lens, out=outs[i],
-        )  # fmt: skip
+        args, kwargs = arguments(i)
+        mla_ext.decode(*args, **kwargs, plan=plan, out=outs[i])
         return outs[i]
 
     return run
 
 
-def _page_tables(work, device):
-    """Block table [B, S / 64] (sequence b owns pages b * S / 64 onwards) and full-length int32 seq_lens [B]."""
-    pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
+def _page_tables(work, device, page_size=FLASH_PAGE_SIZE):
+    """Block table [B, S / page_size] (sequence b owns pages b * S / page_size onwards) and full-length int32
+    seq_lens [B]."""
+    pages_per_seq = work.seqlen // page_size
     block_table = torch.arange(work.batch * pages_per_seq, dtype=torch.int32, device=device)
     seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=device)
     return block_table.view(work.batch, pages_per_seq), seq_lens
@@ -364,6 +379,7 @@ BUILDERS = {
     "mla_ext_paged": build_mla_ext_paged,
     "flashmla": build_flashmla,
     "flashinfer": build_flashinfer,
+    "mla_ext_paged_per_call": functools.partial(build_mla_ext_paged, planned=False),
     "mla_ext_seq_lens": functools.partial(build_mla_ext, with_seq_lens=True),
 }
 
@@ -511,6 +527,8 @@ def markdown(meta, ceilings, records, peers, device_type):
     lines.append(f"{meta['date']}; torch {meta['torch']}; mla_ext {meta['mla_ext']}; timing: {meta['timing']}.")
     if "kv_len_per_split" in meta:
         lines.append(f"mla_ext ran with kv_len_per_split = {meta['kv_len_per_split']} (fixed, not its own choice).")
+    if "page_size" in meta:
+        lines.append(f"mla_ext's paged calls used {meta['page_size']}-key pages of the same memory (peers: 64).")
     if "threads" in meta:
         lines.append(f"{meta['threads']} threads; load average {meta['load_average']:.1f} when the run started.")
     if ceilings:
@@ -720,6 +738,10 @@ def main(argv=None):
     if args.kv_len_per_split:
         builders["mla_ext"] = functools.partial(build_mla_ext, kv_len_per_split=args.kv_len_per_split)
         meta["kv_len_per_split"] = args.kv_len_per_split
+    if args.page_size != FLASH_PAGE_SIZE:
+        for name in ("mla_ext_paged", "mla_ext_paged_per_call"):
+            builders[name] = functools.partial(builders[name], page_size=args.page_size)
+        meta["page_size"] = args.page_size
     records = []
     for index, work in enumerate(work_list, 1):
         record = bench_config(work, device, methods, reference, args.repeats, seed=index, builders=builders)

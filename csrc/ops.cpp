@@ -7,9 +7,11 @@
 
 namespace {
 
-#define MLA_DECODE_ARGS                                                                               \
+// A call's arguments; the decode ops also take the plan that mla.plan made from them.
+#define MLA_CALL_ARGS                                                                                 \
   "Tensor q, Tensor q_pe, Tensor kv, Tensor k_pe, float? sm_scale=None, int? kv_len_per_split=None, " \
   "Tensor? block_table=None, Tensor? seq_lens=None, bool causal=False"
+#define MLA_DECODE_ARGS MLA_CALL_ARGS ", Tensor? plan=None"
 
 bool is_strict() {
   return mla::strict_mode();
@@ -25,6 +27,7 @@ TORCH_LIBRARY(mla, m) {
   m.def("decode(" MLA_DECODE_ARGS ") -> Tensor");
   m.def("decode_with_lse(" MLA_DECODE_ARGS ") -> (Tensor out, Tensor lse)");
   m.def("decode_out(" MLA_DECODE_ARGS ", *, Tensor(a!) out, Tensor(b!)? lse=None) -> ()");
+  m.def("plan(" MLA_CALL_ARGS ") -> Tensor");
   m.def("merge_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
   // Strict mode is process-wide state, so these are plain host functions, not tensor ops.
   m.def("set_strict(bool enabled) -> ()", &set_strict);

@@ -43,6 +43,9 @@ struct DecodeParams {
   // items takes an aligned pair (items 2k, 2k + 1, one cluster), which merges in the cluster; its split_table row
   // then says one piece (nothing left to combine). Here, beside `causal`, it takes no room of its own.
   bool item_pairs_in_cluster;
+  // The item table (and split_table) came laid out from mla.plan: the launchers run no planner kernel. Host-only, and
+  // beside the flag above it takes no room either.
+  bool item_table_planned;
 
   // Split-KV: split s of a sequence covers keys [s * kv_len_per_split, (s + 1) * kv_len_per_split).
   int kv_len_per_split;  // positive multiple of 16

@@ -4,7 +4,7 @@
 import torch
 from torch import Tensor
 
-__all__ = ["HEAD_DIM", "ROPE_DIM", "decode", "merge_states", "set_strict", "is_strict"]
+__all__ = ["HEAD_DIM", "ROPE_DIM", "decode", "plan", "merge_states", "set_strict", "is_strict"]
 
 # The only head dims the kernels support (DeepSeek-V2/V3's latent and rope widths); the C++ checks enforce them.
 HEAD_DIM = 512  # D: latent width of q and kv, also the output width
@@ -25,6 +25,7 @@ def decode(
     return_lse: bool = False,
     out: Tensor | None = None,
     lse: Tensor | None = None,
+    plan: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Absorbed MLA decode attention with split-KV (the attention step of DeepSeek-V2/V3/R1 and Kimi-K2).
 
@@ -53,6 +54,8 @@ def decode(
         return_lse: also return ``lse`` (float32, shape of ``q`` without its last dim).
         out: optional preallocated output (shape and dtype of ``q``, last dim contiguous); written in place.
         lse: optional preallocated float32 lse; written in place.
+        plan: the schedule :func:`plan` made from this call's arguments (or another layer's with the same shapes and
+            the same ``seq_lens``); the call then skips planning it again. ``None`` plans per call.
 
     Returns:
         ``out`` (dtype of ``q``), or ``(out, lse)`` when ``return_lse`` is true. A query that sees no key gets
@@ -68,7 +71,7 @@ def decode(
     All four inputs share one dtype: float16, bfloat16 or float32; accumulation is float32. The op is
     inference-only (no backward), does not synchronise with the host, and is CUDA-graph capturable.
     """
-    args = (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal)
+    args = (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, plan)
     if out is None and lse is None:
         if return_lse:
             return torch.ops.mla.decode_with_lse(*args)
@@ -79,6 +82,32 @@ def decode(
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     torch.ops.mla.decode_out(*args, out=out, lse=lse)
     return (out, lse) if return_lse else out
+
+
+def plan(
+    q: Tensor,
+    q_pe: Tensor,
+    kv: Tensor,
+    k_pe: Tensor,
+    *,
+    sm_scale: float | None = None,
+    kv_len_per_split: int | None = None,
+    block_table: Tensor | None = None,
+    seq_lens: Tensor | None = None,
+    causal: bool = False,
+) -> Tensor:
+    """Plans a decode step once for all its layers, as engines do (FlashMLA's get_mla_metadata, FlashInfer's plan).
+
+    Takes :func:`decode`'s arguments and returns an int32 tensor on their device to pass as ``decode(..., plan=)`` to
+    every call of the step whose arguments have the same shapes, dtype, split and ``seq_lens`` contents (typically
+    all layers: each passes its own cache and queries). On CUDA it lays out, from the device's ``seq_lens``, the work
+    that each call would otherwise plan with a kernel of its own; no host synchronisation, CUDA-graph capturable.
+    Make it after ``seq_lens`` hold the step's lengths: a call reads ``seq_lens`` again, and a plan from other
+    lengths gives wrong results. A plan made for other shapes raises.
+    The tensor may be empty where the call needs nothing planned ahead (CPU, up to 32 query rows per sequence, one
+    sequence, a fixed ``kv_len_per_split``).
+    """
+    return torch.ops.mla.plan(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal)
 
 
 def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,20 +142,28 @@ def _decode_fake_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.library.register_fake("mla::decode")
 def _decode_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
-                 causal=False):
+                 causal=False, plan=None):
     return _decode_fake_outputs(q)[0]
 
 
 @torch.library.register_fake("mla::decode_with_lse")
 def _decode_with_lse_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None,
-                          seq_lens=None, causal=False):
+                          seq_lens=None, causal=False, plan=None):
     return _decode_fake_outputs(q)
 
 
 @torch.library.register_fake("mla::decode_out")
 def _decode_out_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
-                     causal=False, *, out, lse=None):
+                     causal=False, plan=None, *, out, lse=None):
     return None
+
+
+@torch.library.register_fake("mla::plan")
+def _plan_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
+               causal=False):
+    # Its length follows the device's schedule (SM count, kernel choice), not the shapes alone.
+    length = torch.library.get_ctx().new_dynamic_size()
+    return q.new_empty((length,), dtype=torch.int32)
 
 
 @torch.library.register_fake("mla::merge_states")

@@ -208,6 +208,20 @@ void check_decode_outputs(const at::Tensor& q, const at::Tensor& out, const std:
   }
 }
 
+void check_plan_tensor(const at::Tensor& plan, const at::Tensor& q) {
+  TORCH_CHECK(plan.scalar_type() == at::kInt, "mla.decode: plan must be int32 (made by mla.plan), got ",
+              plan.scalar_type());
+  TORCH_CHECK(plan.dim() == 1 && plan.is_contiguous(), "mla.decode: plan must be one contiguous dim (made by ",
+              "mla.plan), got shape ", shape_str(plan), " and strides ", plan.strides());
+  TORCH_CHECK(plan.device() == q.device(), "mla.decode: plan is on ", plan.device(), " but q is on ", q.device());
+}
+
+void check_plan_entries(const at::Tensor& plan, int64_t expected) {
+  TORCH_CHECK(plan.numel() == expected, "mla.decode: plan holds ", plan.numel(), " entries but this call's needs ",
+              expected, "; make the plan with mla.plan from this call's arguments (same batch, heads, query tokens, ",
+              "cache capacity, dtype and seq_lens)");
+}
+
 void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at::Tensor& lse) {
   DecodeParams& p = problem.params;
   const bool seq = problem.q_has_seq_dim;

@@ -31,6 +31,11 @@ std::vector<int64_t> lse_shape(const at::Tensor& q);
 // Checks user-provided outputs of decode_out: shape, dtype, device, last dim contiguous, 16-byte rows.
 void check_decode_outputs(const at::Tensor& q, const at::Tensor& out, const std::optional<at::Tensor>& lse);
 
+// A plan given to a decode op: int32, one contiguous dim, on q's device. check_plan_entries: it holds as many
+// entries as the backend's plan for this call would (a plan made for other shapes fails here).
+void check_plan_tensor(const at::Tensor& plan, const at::Tensor& q);
+void check_plan_entries(const at::Tensor& plan, int64_t expected);
+
 // Points params at out/lse (given with q's rank) and records their strides.
 void bind_decode_outputs(DecodeProblem& problem, const at::Tensor& out, const at::Tensor& lse);
 

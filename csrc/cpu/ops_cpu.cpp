@@ -14,14 +14,19 @@ struct CpuBackend {
   };
   static void check_strict_allowed() {}
   // The caller's split, else one sized for the threads; the partials it needs live until the kernel returns.
-  static void decode(DecodeProblem& problem, const at::TensorOptions& options) {
+  static void decode(DecodeProblem& problem, const at::TensorOptions& options, const std::optional<at::Tensor>& plan) {
     DecodeParams& p = problem.params;
+    if (plan.has_value()) check_plan_entries(*plan, 0);
     if (!problem.kv_len_per_split) {
       set_split(problem,
                 cpu::default_kv_len_per_split(p.batch, p.seqlen_q * p.num_heads, p.capacity, at::get_num_threads()));
     }
     const SplitPartials partials = allocate_split_partials(p, options);
     cpu::decode(p, problem.dtype);
+  }
+  // The CPU kernel plans nothing ahead: its plan is empty.
+  static at::Tensor plan(DecodeProblem&, const at::TensorOptions& options) {
+    return at::empty({0}, options.dtype(at::kInt));
   }
   static void merge_states(const MergeStatesParams& p, DType dtype) { cpu::merge_states(p, dtype); }
 };

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "checks/build_checks.h"
 #include "cuda/launch/device_info.h"
@@ -62,46 +63,83 @@ struct CudaBackend {
                 "forbids; call mla_ext.set_strict(False) before capturing");
   }
 
-  // Chooses the main kernel, plans the split for it where the caller gave none, allocates the split's workspace and
-  // launches. With seq_lens the split is balanced on device from the actual lengths (no host sync); without, every
-  // sequence holds `capacity` keys and the split follows from shapes.
-  static void decode(DecodeProblem& problem, const at::TensorOptions& options) {
-    DecodeParams& p = problem.params;
-    const cuda::DeviceInfo device = cuda::current_device_info();
-    cuda::KernelChoice kernel{};
-    call_launcher("mla.decode", [&] {
-      switch (problem.dtype) {
-        case DType::kFloat16: kernel = cuda::choose_kernel<DType::kFloat16>(p, device); break;
-        case DType::kBFloat16: kernel = cuda::choose_kernel<DType::kBFloat16>(p, device); break;
-        case DType::kFloat32: kernel = cuda::choose_kernel<DType::kFloat32>(p, device); break;
+  // Dispatches fn(std::integral_constant<DType, dtype>) for the call's dtype, re-raising launcher errors.
+  template <class Fn>
+  static void for_dtype(const char* op, DType dtype, Fn&& fn) {
+    call_launcher(op, [&] {
+      switch (dtype) {
+        case DType::kFloat16: fn(std::integral_constant<DType, DType::kFloat16>{}); break;
+        case DType::kBFloat16: fn(std::integral_constant<DType, DType::kBFloat16>{}); break;
+        case DType::kFloat32: fn(std::integral_constant<DType, DType::kFloat32>{}); break;
       }
     });
+  }
+
+  struct Schedule {
+    cuda::DeviceInfo device;
+    cuda::KernelChoice kernel;
+  };
+
+  // Chooses the main kernel and plans the split for it where the caller gave none. With seq_lens the split is
+  // balanced on device from the actual lengths (no host sync); without, every sequence holds `capacity` keys and the
+  // split follows from shapes.
+  static Schedule schedule(DecodeProblem& problem, const char* op) {
+    DecodeParams& p = problem.params;
+    Schedule s{cuda::current_device_info(), {}};
+    for_dtype(op, problem.dtype,
+              [&](auto dtype) { s.kernel = cuda::choose_kernel<decltype(dtype)::value>(p, s.device); });
     if (!problem.kv_len_per_split) {
       const int rows = p.seqlen_q * p.num_heads;
       if (p.seq_lens != nullptr) {
         cuda::set_balanced_split(
-            p, cuda::balanced_split_for(p.batch, rows, p.capacity, device.sm_count, problem.dtype, kernel));
+            p, cuda::balanced_split_for(p.batch, rows, p.capacity, s.device.sm_count, problem.dtype, s.kernel));
       } else {
-        set_split(problem,
-                  cuda::default_kv_len_per_split(p.batch, rows, p.capacity, device.sm_count, problem.dtype, kernel));
+        set_split(problem, cuda::default_kv_len_per_split(p.batch, rows, p.capacity, s.device.sm_count, problem.dtype,
+                                                          s.kernel));
       }
     }
+    return s;
+  }
+
+  // The tables of the planner kernel, laid out now on the current stream (empty where the call has none).
+  static at::Tensor plan(DecodeProblem& problem, const at::TensorOptions& options) {
+    const Schedule s = schedule(problem, "mla.plan");
+    DecodeParams& p = problem.params;
+    at::Tensor table = at::empty({cuda::planned_table_entries(p)}, options.dtype(at::kInt));
+    if (table.numel() > 0) {
+      cuda::bind_split_tables(p, table.data_ptr<int32_t>());
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      for_dtype("mla.plan", problem.dtype,
+                [&](auto dtype) { cuda::launch_plan<decltype(dtype)::value>(p, s.kernel, s.device, stream); });
+    }
+    return table;
+  }
+
+  // Schedules the call, allocates the split's workspace (the tables come from `plan` where it holds them) and
+  // launches.
+  static void decode(DecodeProblem& problem, const at::TensorOptions& options, const std::optional<at::Tensor>& plan) {
+    const Schedule s = schedule(problem, "mla.decode");
+    DecodeParams& p = problem.params;
     // Kept alive until the kernels are enqueued (stream-ordered allocator).
     at::Tensor split_table;
-    if (const int64_t entries = cuda::split_table_entries(p); entries > 0) {
-      split_table = at::empty({entries}, options.dtype(at::kInt));
-      p.split_table = split_table.data_ptr<int32_t>();
-      p.item_table = cuda::items_planned_by_kernel(p) ? p.split_table + cuda::work_item_table_offset(p) : nullptr;
+    if (plan.has_value()) {
+      check_plan_entries(*plan, cuda::planned_table_entries(p));
+      if (plan->numel() > 0) {
+        // read only: the planner kernel wrote it, the main and combine kernels read it
+        cuda::bind_split_tables(p, const_cast<int32_t*>(plan->const_data_ptr<int32_t>()));
+        p.item_table_planned = true;
+      }
+    }
+    if (!p.item_table_planned) {
+      if (const int64_t entries = cuda::split_table_entries(p); entries > 0) {
+        split_table = at::empty({entries}, options.dtype(at::kInt));
+        cuda::bind_split_tables(p, split_table.data_ptr<int32_t>());
+      }
     }
     const SplitPartials partials = allocate_split_partials(p, options);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    call_launcher("mla.decode", [&] {
-      switch (problem.dtype) {
-        case DType::kFloat16: cuda::launch_decode<DType::kFloat16>(p, kernel, device, stream); break;
-        case DType::kBFloat16: cuda::launch_decode<DType::kBFloat16>(p, kernel, device, stream); break;
-        case DType::kFloat32: cuda::launch_decode<DType::kFloat32>(p, kernel, device, stream); break;
-      }
-    });
+    for_dtype("mla.decode", problem.dtype,
+              [&](auto dtype) { cuda::launch_decode<decltype(dtype)::value>(p, s.kernel, s.device, stream); });
   }
 
   static void merge_states(const MergeStatesParams& p, DType dtype) {

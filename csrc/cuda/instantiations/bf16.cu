@@ -5,5 +5,6 @@ namespace mla::cuda {
 template KernelChoice choose_kernel<DType::kBFloat16>(const DecodeParams&, const DeviceInfo&);
 template void launch_decode<DType::kBFloat16>(const DecodeParams&, const KernelChoice&, const DeviceInfo&,
                                               cudaStream_t);
+template void launch_plan<DType::kBFloat16>(const DecodeParams&, const KernelChoice&, const DeviceInfo&, cudaStream_t);
 template void launch_merge_states<DType::kBFloat16>(const MergeStatesParams&, cudaStream_t);
 }  // namespace mla::cuda

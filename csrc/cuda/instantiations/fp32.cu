@@ -4,5 +4,6 @@
 namespace mla::cuda {
 template KernelChoice choose_kernel<DType::kFloat32>(const DecodeParams&, const DeviceInfo&);
 template void launch_decode<DType::kFloat32>(const DecodeParams&, const KernelChoice&, const DeviceInfo&, cudaStream_t);
+template void launch_plan<DType::kFloat32>(const DecodeParams&, const KernelChoice&, const DeviceInfo&, cudaStream_t);
 template void launch_merge_states<DType::kFloat32>(const MergeStatesParams&, cudaStream_t);
 }  // namespace mla::cuda

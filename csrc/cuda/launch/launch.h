@@ -22,6 +22,12 @@ template <DType dtype>
 void launch_decode(const DecodeParams& params, const KernelChoice& kernel, const DeviceInfo& device,
                    cudaStream_t stream);
 
+// Lays out a call's balanced work items ahead of its main kernel (the planner kernel: item_table and split_table,
+// bound in params; workspace.h planned_table_entries > 0), as launch_decode would for the chosen kernel. A later
+// launch_decode with params.item_table_planned walks these tables instead of planning again.
+template <DType dtype>
+void launch_plan(const DecodeParams& params, const KernelChoice& kernel, const DeviceInfo& device, cudaStream_t stream);
+
 // out = exp(lse_a - m) * out_a + exp(lse_b - m) * out_b normalised; both -inf gives out 0, lse -inf.
 template <DType dtype>
 void launch_merge_states(const MergeStatesParams& params, cudaStream_t stream);

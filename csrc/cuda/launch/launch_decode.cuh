@@ -246,7 +246,7 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const Device
   constexpr auto kernel = KernelOf<Cfg>::kernel;
   detail::ensure_shared_memory<Cfg, kernel>(d.device);
   const bool overlap = d.major >= 9 && use_programmatic_launch(p);
-  if (!Cfg::kWalksRanges && p.item_table != nullptr) launch_work_item_plan(p, stream, overlap);
+  if (!Cfg::kWalksRanges && p.item_table != nullptr && !p.item_table_planned) launch_work_item_plan(p, stream, overlap);
   if constexpr (has_cluster_kernel<Cfg>()) {
     constexpr auto cluster_kernel = decode_dim_split_kernel<Cfg, true>;  // compiled for sm_90 only
     if (merge_in_cluster(p, row_blocks, d) && detail::compiled_for_sm90<cluster_kernel>(d.device)) {
@@ -366,6 +366,17 @@ void launch_decode(const DecodeParams& p, const KernelChoice& choice, const Devi
     if (launched) count_launch(KernelPath::kPortable);
   }
   if (!launched) throw std::runtime_error("mla decode: internal error: the chosen kernel does not fit the device");
+}
+
+template <DType dtype>
+void launch_plan(const DecodeParams& params, const KernelChoice& choice, const DeviceInfo& d, cudaStream_t stream) {
+  if (params.item_table == nullptr) throw std::runtime_error("mla plan: internal error: the call plans no work items");
+  DecodeParams p = params;
+  if constexpr (dtype != DType::kFloat32) {
+    // the sm_90a launcher pairs items the same way for the same call
+    if (choice.kernel == MainKernel::kSm90) p.item_pairs_in_cluster = sm90_pairs_items<dtype>(p, d);
+  }
+  launch_work_item_plan(p, stream, d.major >= 9 && use_programmatic_launch(p));
 }
 
 template <DType dtype>

@@ -35,4 +35,13 @@ int64_t split_table_entries(const DecodeParams& p) {
   return work_item_table_offset(p) + items;
 }
 
+int64_t planned_table_entries(const DecodeParams& p) {
+  return items_planned_by_kernel(p) ? split_table_entries(p) : 0;
+}
+
+void bind_split_tables(DecodeParams& p, int32_t* table) {
+  p.split_table = table;
+  p.item_table = items_planned_by_kernel(p) ? table + work_item_table_offset(p) : nullptr;
+}
+
 }  // namespace mla::cuda

@@ -20,5 +20,10 @@ bool items_planned_by_kernel(const DecodeParams& params);
 // kernel runs, the item table (4 per item) from work_item_table_offset on.
 int64_t split_table_entries(const DecodeParams& params);
 int64_t work_item_table_offset(const DecodeParams& params);
+// The entries mla.plan lays out ahead for a call: the tables the planner kernel writes, or none where the main
+// kernel plans in its own CTAs (ranges, one sequence) or the split is fixed.
+int64_t planned_table_entries(const DecodeParams& params);
+// Points split_table and item_table into `table` (split_table_entries of int32, 16-byte aligned).
+void bind_split_tables(DecodeParams& params, int32_t* table);
 
 }  // namespace mla::cuda

@@ -134,7 +134,29 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
          clusters_of_two_fit<T>(ctas, d);
 }
 
+// The CTAs of a call, or 0 where the grid would be too large to launch.
+inline int64_t sm90_ctas(const DecodeParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  const int64_t ctas = (rows + Sm90Tile::kRowTile - 1) / Sm90Tile::kRowTile * work_items(p);
+  return ctas > INT_MAX ? 0 : ctas;
+}
+
+template <typename T>
+bool encode_cache_maps(CUtensorMap* kv_map, CUtensorMap* k_pe_map, const DecodeParams& p) {
+  return encode_cache_map<T>(kv_map, p.kv, kHeadDim, Sm90Tile::kHalfBlocks, p.kv_row_stride, p.kv_page_stride, p) &&
+         encode_cache_map<T>(k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p);
+}
+
 }  // namespace sm90_detail
+
+template <DType dtype>
+bool sm90_pairs_items(const DecodeParams& p, const DeviceInfo& d) {
+  using T = typename ElementOf<dtype>::type;
+  const int64_t ctas = sm90_detail::sm90_ctas(p);
+  CUtensorMap kv_map, k_pe_map;
+  return p.batch > 0 && ctas > 0 && sm90_detail::encode_cache_maps<T>(&kv_map, &k_pe_map, p) &&
+         !sm90_detail::merge_fixed_split_in_cluster<T>(p, ctas, d) && sm90_detail::pair_items_in_cluster<T>(p, ctas, d);
+}
 
 template <DType dtype>
 bool sm90_kernel_ready(int device) {
@@ -151,15 +173,11 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
   DecodeParams p = params;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  const int64_t ctas = (rows + C::kRowTile - 1) / C::kRowTile * work_items(p);
-  if (p.batch == 0 || ctas > INT_MAX) return {};
+  const int64_t ctas = sm90_detail::sm90_ctas(p);
+  if (p.batch == 0 || ctas == 0) return {};
 
   CUtensorMap kv_map, k_pe_map;
-  if (!sm90_detail::encode_cache_map<T>(&kv_map, p.kv, kHeadDim, C::kHalfBlocks, p.kv_row_stride, p.kv_page_stride,
-                                        p) ||
-      !sm90_detail::encode_cache_map<T>(&k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
-    return {};
-  }
+  if (!sm90_detail::encode_cache_maps<T>(&kv_map, &k_pe_map, p)) return {};
   const bool merged = sm90_detail::merge_fixed_split_in_cluster<T>(p, ctas, d);
   p.item_pairs_in_cluster = !merged && sm90_detail::pair_items_in_cluster<T>(p, ctas, d);
   const bool clustered = merged || p.item_pairs_in_cluster;
@@ -183,7 +201,7 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   config.stream = stream;
   config.attrs = count > 0 ? attributes : nullptr;
   config.numAttrs = count;
-  if (p.item_table != nullptr) launch_work_item_plan(p, stream, use_overlap);
+  if (p.item_table != nullptr && !p.item_table_planned) launch_work_item_plan(p, stream, use_overlap);
   // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
   // scores pay (perf-log v60, v61).
   const bool early_scores = rows > C::kRowTile;

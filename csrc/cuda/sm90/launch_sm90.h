@@ -28,6 +28,12 @@ struct Sm90Launch {
 template <DType dtype>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& device);
 
+// Whether launch_decode_sm90 runs this call's balanced work items in clusters of two, which the planner kernel then
+// pairs (see pair_items_in_cluster); false also where it would not launch (the many-row kernel, which pairs nothing,
+// runs the call instead).
+template <DType dtype>
+bool sm90_pairs_items(const DecodeParams& params, const DeviceInfo& device);
+
 // Whether this build holds the kernel's sm_90a code for `device` and the driver can describe caches to the copy
 // engine (once per device).
 template <DType dtype>
