@@ -730,7 +730,7 @@ def main(argv=None):
             f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
             flush=True,
         )
-    cpu_peers = ("eager", "mla_ext_paged", "mla_ext_seq_lens")  # the others are CUDA kernels
+    cpu_peers = ("eager", "mla_ext_paged", "mla_ext_paged_per_call", "mla_ext_seq_lens")  # the others: CUDA only
     peers = [p for p in args.peers if device.type == "cuda" or p in cpu_peers]
     methods = ["mla_ext", *peers]
     work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]

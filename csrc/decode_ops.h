@@ -7,6 +7,9 @@
 //                               a plan from plan() holds the part of the workspace planned ahead
 //   plan(problem, options)      the int32 tables a decode call's schedule lays out from seq_lens ahead of its kernels,
 //                               for every call of a step that shares the arguments' shapes and seq_lens (may be empty)
+//   kTakesFp8Cache              whether it runs float8_e4m3fn caches, through
+//   dequantize_cache(kv, k_pe, kv_scale, format, block_table, seq_lens)
+//                               the fp32 cache (and block table into it) that its fp32 kernels run instead
 //   merge_states(params, dtype)
 #pragma once
 
@@ -52,12 +55,75 @@ inline bool has_work(const DecodeParams& p) {
   return p.batch > 0 && p.capacity > 0;
 }
 
+// The arguments of a call as the op received them.
+struct DecodeCall {
+  const at::Tensor& q;
+  const at::Tensor& q_pe;
+  const at::Tensor& kv;
+  const at::Tensor& k_pe;
+  std::optional<double> sm_scale;
+  std::optional<int64_t> kv_len_per_split;
+  const std::optional<at::Tensor>& block_table;
+  const std::optional<at::Tensor>& seq_lens;
+  bool causal;
+  const std::optional<at::Tensor>& kv_scale;
+
+  DecodeProblem check() const {
+    return check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale);
+  }
+};
+
 template <class Backend>
-void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
-                const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens,
-                const std::optional<at::Tensor>& plan) {
-  check_strict_values<Backend>(problem, block_table, seq_lens);
-  if (plan.has_value()) check_plan_tensor(*plan, q);
+void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::optional<at::Tensor>& plan,
+                 const at::Tensor& out, const at::Tensor& lse, bool values_checked = false);
+
+// Raises where the call's cache is float8_e4m3fn and the backend takes none.
+template <class Backend>
+void check_cache_taken(const DecodeProblem& problem, const at::Tensor& q) {
+  TORCH_CHECK(problem.cache_format == CacheFormat::kNative || Backend::kTakesFp8Cache,
+              "mla.decode: float8_e4m3fn caches run on CPU tensors in this version; on ", q.device().type(),
+              " the kernels read float16, bfloat16 or float32 caches");
+}
+
+// A float8_e4m3fn cache: the backend dequantises what the call reads and its fp32 kernels run the call (q widened,
+// the output rounded back to q's dtype). Plans of such calls are empty.
+template <class Backend>
+void decode_fp8_cache(const DecodeCall& call, const DecodeProblem& problem, const std::optional<at::Tensor>& plan,
+                      const at::Tensor& out, const at::Tensor& lse) {
+  check_cache_taken<Backend>(problem, call.q);
+  if (plan.has_value()) check_plan_entries(*plan, 0);
+  if constexpr (Backend::kTakesFp8Cache) {
+    const auto cache = Backend::dequantize_cache(call.kv, call.k_pe, *call.kv_scale, problem.cache_format,
+                                                 call.block_table, call.seq_lens);
+    const at::Tensor q = call.q.to(at::kFloat), q_pe = call.q_pe.to(at::kFloat);
+    const at::Tensor out_fp32 = at::empty(out_shape(call.q), q.options());
+    const DecodeCall fp32_call{q,
+                               q_pe,
+                               cache.kv,
+                               cache.k_pe,
+                               call.sm_scale,
+                               call.kv_len_per_split,
+                               cache.block_table,
+                               call.seq_lens,
+                               call.causal,
+                               std::nullopt};
+    DecodeProblem fp32_problem = fp32_call.check();
+    decode_into<Backend>(fp32_call, fp32_problem, std::nullopt, out_fp32, lse, /*values_checked=*/true);
+    out.copy_(out_fp32);
+  }
+}
+
+// Writes out and lse (bound with q's rank) for a checked call. values_checked: strict mode's value checks were made
+// on the caller's tables already.
+template <class Backend>
+void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::optional<at::Tensor>& plan,
+                 const at::Tensor& out, const at::Tensor& lse, bool values_checked) {
+  if (!values_checked) check_strict_values<Backend>(problem, call.block_table, call.seq_lens);
+  if (plan.has_value()) check_plan_tensor(*plan, call.q);
+  if (problem.cache_format != CacheFormat::kNative) {
+    decode_fp8_cache<Backend>(call, problem, plan, out, lse);
+    return;
+  }
   bind_decode_outputs(problem, out, lse);
   const DecodeParams& p = problem.params;
   if (!has_work(p)) {
@@ -71,7 +137,7 @@ void run_decode(DecodeProblem& problem, const at::Tensor& q, const at::Tensor& o
   if (problem.kv_len_per_split) {
     set_split(problem, *problem.kv_len_per_split);
   }
-  Backend::decode(problem, q.options(), plan);
+  Backend::decode(problem, call.q.options(), plan);
 }
 
 template <class Backend>
@@ -80,13 +146,14 @@ std::tuple<at::Tensor, at::Tensor> decode_with_lse(const at::Tensor& q, const at
                                                    std::optional<int64_t> kv_len_per_split,
                                                    const std::optional<at::Tensor>& block_table,
                                                    const std::optional<at::Tensor>& seq_lens, bool causal,
+                                                   const std::optional<at::Tensor>& kv_scale,
                                                    const std::optional<at::Tensor>& plan) {
   typename Backend::Guard guard(q.device());
-  DecodeProblem problem =
-      check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
+  const DecodeCall call{q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale};
+  DecodeProblem problem = call.check();
   at::Tensor out = at::empty(out_shape(q), q.options());
   at::Tensor lse = at::empty(lse_shape(q), q.options().dtype(at::kFloat));
-  run_decode<Backend>(problem, q, out, lse, block_table, seq_lens, plan);
+  decode_into<Backend>(call, problem, plan, out, lse);
   return {out, lse};
 }
 
@@ -94,22 +161,23 @@ template <class Backend>
 at::Tensor decode(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& k_pe,
                   std::optional<double> sm_scale, std::optional<int64_t> kv_len_per_split,
                   const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens, bool causal,
-                  const std::optional<at::Tensor>& plan) {
-  return std::get<0>(
-      decode_with_lse<Backend>(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, plan));
+                  const std::optional<at::Tensor>& kv_scale, const std::optional<at::Tensor>& plan) {
+  return std::get<0>(decode_with_lse<Backend>(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens,
+                                              causal, kv_scale, plan));
 }
 
 template <class Backend>
 void decode_out(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& k_pe,
                 std::optional<double> sm_scale, std::optional<int64_t> kv_len_per_split,
                 const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens, bool causal,
-                const std::optional<at::Tensor>& plan, const at::Tensor& out, const std::optional<at::Tensor>& lse) {
+                const std::optional<at::Tensor>& kv_scale, const std::optional<at::Tensor>& plan, const at::Tensor& out,
+                const std::optional<at::Tensor>& lse) {
   typename Backend::Guard guard(q.device());
-  DecodeProblem problem =
-      check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
+  const DecodeCall call{q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale};
+  DecodeProblem problem = call.check();
   check_decode_outputs(q, out, lse);
   const at::Tensor lse_out = lse.has_value() ? *lse : at::empty(lse_shape(q), q.options().dtype(at::kFloat));
-  run_decode<Backend>(problem, q, out, lse_out, block_table, seq_lens, plan);
+  decode_into<Backend>(call, problem, plan, out, lse_out);
 }
 
 // The schedule of a decode call with these arguments, laid out ahead (int32 on q's device): engines make it once per
@@ -117,11 +185,14 @@ void decode_out(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& k
 template <class Backend>
 at::Tensor plan(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& k_pe,
                 std::optional<double> sm_scale, std::optional<int64_t> kv_len_per_split,
-                const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens, bool causal) {
+                const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seq_lens, bool causal,
+                const std::optional<at::Tensor>& kv_scale) {
   typename Backend::Guard guard(q.device());
-  DecodeProblem problem =
-      check_decode_args(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal);
+  const DecodeCall call{q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale};
+  DecodeProblem problem = call.check();
   check_strict_values<Backend>(problem, block_table, seq_lens);
+  check_cache_taken<Backend>(problem, q);
+  if (problem.cache_format != CacheFormat::kNative) return at::empty({0}, q.options().dtype(at::kInt));
   if (!has_work(problem.params)) return at::empty({0}, q.options().dtype(at::kInt));
   if (problem.kv_len_per_split) {
     set_split(problem, *problem.kv_len_per_split);

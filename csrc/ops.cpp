@@ -10,7 +10,7 @@ namespace {
 // A call's arguments; the decode ops also take the plan that mla.plan made from them.
 #define MLA_CALL_ARGS                                                                                 \
   "Tensor q, Tensor q_pe, Tensor kv, Tensor k_pe, float? sm_scale=None, int? kv_len_per_split=None, " \
-  "Tensor? block_table=None, Tensor? seq_lens=None, bool causal=False"
+  "Tensor? block_table=None, Tensor? seq_lens=None, bool causal=False, Tensor? kv_scale=None"
 #define MLA_DECODE_ARGS MLA_CALL_ARGS ", Tensor? plan=None"
 
 bool is_strict() {

@@ -22,6 +22,7 @@ def decode(
     block_table: Tensor | None = None,
     seq_lens: Tensor | None = None,
     causal: bool = False,
+    kv_scale: Tensor | None = None,
     return_lse: bool = False,
     out: Tensor | None = None,
     lse: Tensor | None = None,
@@ -51,6 +52,11 @@ def decode(
             device: out-of-range values are clamped to ``[0, capacity]`` (or raise in strict mode).
         causal: with ``S_q > 1``, token ``t`` sees keys ``j < seq_len - S_q + 1 + t`` (bottom-right aligned, as in
             speculative decoding). No effect when ``S_q == 1``.
+        kv_scale: float32 scales of a ``float8_e4m3fn`` cache (fp16/bf16 queries), whose values are
+            ``fp8 value * scale``. Per tensor: shape ``[]`` or ``[1]``, one scale for ``kv`` and ``k_pe`` (both fp8;
+            vLLM's fp8 cache with its ``k_scale``). Per block: ``[B, S_kv, 4]`` or ``[P, page_size, 4]``, one scale per
+            128 values of each ``kv`` row, with ``k_pe`` unscaled in q's dtype (FlashMLA's 656-byte ``fp8_ds_mla``
+            token, viewed as three tensors). CPU tensors only in this version.
         return_lse: also return ``lse`` (float32, shape of ``q`` without its last dim).
         out: optional preallocated output (shape and dtype of ``q``, last dim contiguous); written in place.
         lse: optional preallocated float32 lse; written in place.
@@ -68,10 +74,11 @@ def decode(
         ValueError: in strict mode (``set_strict(True)`` or ``MLA_EXT_STRICT=1``), for negative or over-capacity
             ``seq_lens`` or ``block_table`` entries outside ``[0, P)``.
 
-    All four inputs share one dtype: float16, bfloat16 or float32; accumulation is float32. The op is
+    All four inputs share one dtype: float16, bfloat16 or float32 (or an fp8 cache with ``kv_scale``); accumulation
+    is float32. The op is
     inference-only (no backward), does not synchronise with the host, and is CUDA-graph capturable.
     """
-    args = (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, plan)
+    args = (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale, plan)
     if out is None and lse is None:
         if return_lse:
             return torch.ops.mla.decode_with_lse(*args)
@@ -95,6 +102,7 @@ def plan(
     block_table: Tensor | None = None,
     seq_lens: Tensor | None = None,
     causal: bool = False,
+    kv_scale: Tensor | None = None,
 ) -> Tensor:
     """Plans a decode step once for all its layers, as engines do (FlashMLA's get_mla_metadata, FlashInfer's plan).
 
@@ -105,9 +113,9 @@ def plan(
     Make it after ``seq_lens`` hold the step's lengths: a call reads ``seq_lens`` again, and a plan from other
     lengths gives wrong results. A plan made for other shapes raises.
     The tensor may be empty where the call needs nothing planned ahead (CPU, up to 32 query rows per sequence, one
-    sequence, a fixed ``kv_len_per_split``).
+    sequence, a fixed ``kv_len_per_split``, an fp8 cache).
     """
-    return torch.ops.mla.plan(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal)
+    return torch.ops.mla.plan(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale)
 
 
 def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,25 +150,25 @@ def _decode_fake_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.library.register_fake("mla::decode")
 def _decode_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
-                 causal=False, plan=None):
+                 causal=False, kv_scale=None, plan=None):
     return _decode_fake_outputs(q)[0]
 
 
 @torch.library.register_fake("mla::decode_with_lse")
 def _decode_with_lse_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None,
-                          seq_lens=None, causal=False, plan=None):
+                          seq_lens=None, causal=False, kv_scale=None, plan=None):
     return _decode_fake_outputs(q)
 
 
 @torch.library.register_fake("mla::decode_out")
 def _decode_out_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
-                     causal=False, plan=None, *, out, lse=None):
+                     causal=False, kv_scale=None, plan=None, *, out, lse=None):
     return None
 
 
 @torch.library.register_fake("mla::plan")
 def _plan_fake(q, q_pe, kv, k_pe, sm_scale=None, kv_len_per_split=None, block_table=None, seq_lens=None,
-               causal=False):
+               causal=False, kv_scale=None):
     # Its length follows the device's schedule (SM count, kernel choice), not the shapes alone.
     length = torch.library.get_ctx().new_dynamic_size()
     return q.new_empty((length,), dtype=torch.int32)

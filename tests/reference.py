@@ -9,6 +9,8 @@ Visibility rules (the operator contract):
 - a page whose block_table entry is outside [0, P) holds no visible key.
 - causal with S_q query tokens: token t sees keys j < seq_len - S_q + 1 + t (bottom-right aligned).
 - a row that sees no key: out 0, lse -inf.
+- a float8_e4m3fn cache holds fp8 value x kv_scale: one scale for kv and k_pe, or one per 128 values of each kv row
+  (k_pe then unscaled).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def _gather_keys(kv, k_pe, block_table):
     return keys, keys_pe, page_ok
 
 
+def dequantize(kv, k_pe, kv_scale):
+    """float64 values of an fp8 cache: per tensor (kv_scale of one element) or per 128 values of each kv row."""
+    scale = kv_scale.detach().to("cpu", F64)
+    kv64, k_pe64 = kv.detach().to("cpu", F64), k_pe.detach().to("cpu", F64)
+    if scale.numel() == 1:
+        return kv64 * scale.reshape(()), k_pe64 * scale.reshape(())
+    blocks = kv64.reshape(*kv64.shape[:-1], scale.shape[-1], -1) * scale[..., None]
+    return blocks.reshape(kv64.shape), k_pe64
+
+
 def visible_mask(seq_lens, batch, seqlen_q, capacity, causal):
     """[B, S_q, capacity] bool: which keys each query token of each sequence sees (page validity not included)."""
     if seq_lens is None:
@@ -52,8 +64,12 @@ def visible_mask(seq_lens, batch, seqlen_q, capacity, causal):
     return j[None, None, :] < limit[:, :, None]
 
 
-def decode_reference(q, q_pe, kv, k_pe, *, sm_scale=None, block_table=None, seq_lens=None, causal=False):
+def decode_reference(
+    q, q_pe, kv, k_pe, *, sm_scale=None, block_table=None, seq_lens=None, causal=False, kv_scale=None
+):
     """float64 (out, lse) on the CPU, shaped like q ([B, H, D] or [B, S_q, H, D]) and q[..., 0]."""
+    if kv_scale is not None:
+        kv, k_pe = dequantize(kv, k_pe, kv_scale)
     squeeze = q.dim() == 3
     q64 = q.detach().to("cpu", F64)
     q_pe64 = q_pe.detach().to("cpu", F64)

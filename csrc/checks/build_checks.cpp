@@ -122,7 +122,7 @@ void refuse_cuda_tensors(const c10::OperatorHandle& op, torch::jit::Stack*) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mla, CUDA, m) {
-  for (const char* name : {"decode", "decode_with_lse", "decode_out", "merge_states"}) {
+  for (const char* name : {"decode", "decode_with_lse", "decode_out", "plan", "merge_states"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_cuda_tensors>());
   }
 }

@@ -58,6 +58,40 @@ std::atomic<bool>& strict_flag() {
   return flag;
 }
 
+// The cache's dtypes against q's, and kv_scale where the cache is float8_e4m3fn.
+CacheFormat check_cache_format(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_pe,
+                               const std::optional<at::Tensor>& kv_scale) {
+  if (kv.scalar_type() != at::kFloat8_e4m3fn) {
+    for (auto [t, name] : {std::pair{&kv, "kv"}, {&k_pe, "k_pe"}}) {
+      TORCH_CHECK(t->scalar_type() == q.scalar_type(), "mla.decode: ", name, " must have the dtype of q (",
+                  q.scalar_type(), ") or, for kv, float8_e4m3fn with kv_scale; got ", t->scalar_type());
+    }
+    TORCH_CHECK(!kv_scale.has_value(), "mla.decode: kv_scale scales a float8_e4m3fn cache, but kv is ",
+                kv.scalar_type());
+    return CacheFormat::kNative;
+  }
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "mla.decode: a float8_e4m3fn cache takes float16 or bfloat16 queries, got ", q.scalar_type());
+  TORCH_CHECK(kv_scale.has_value(), "mla.decode: kv is float8_e4m3fn and needs kv_scale: float32 [] or [1] (one ",
+              "scale for kv and k_pe) or [", kv.size(0), ", ", kv.size(1), ", 4] (one per 128 values of each kv row)");
+  const at::Tensor& scale = *kv_scale;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat, "mla.decode: kv_scale must be float32, got ", scale.scalar_type());
+  check_same_device(scale, q, "kv_scale");
+  if (scale.dim() <= 1 && scale.numel() == 1) {
+    TORCH_CHECK(k_pe.scalar_type() == at::kFloat8_e4m3fn, "mla.decode: with one kv_scale for the cache, k_pe must ",
+                "be float8_e4m3fn like kv, got ", k_pe.scalar_type());
+    return CacheFormat::kFp8PerTensor;
+  }
+  const std::vector<int64_t> blocks{kv.size(0), kv.size(1), kHeadDim / kFp8BlockValues};
+  TORCH_CHECK(scale.sizes().vec() == blocks, "mla.decode: kv_scale must be [] or [1] (per tensor) or ",
+              at::IntArrayRef(blocks), " (per 128 values of each kv row), got ", shape_str(scale));
+  TORCH_CHECK(scale.stride(2) == 1, "mla.decode: kv_scale must be contiguous in its last dim, got strides ",
+              scale.strides());
+  TORCH_CHECK(k_pe.scalar_type() == q.scalar_type(), "mla.decode: with per-block kv_scale, k_pe holds the rope ",
+              "values unscaled in the dtype of q (", q.scalar_type(), "), got ", k_pe.scalar_type());
+  return CacheFormat::kFp8PerBlock;
+}
+
 }  // namespace
 
 DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
@@ -72,7 +106,8 @@ DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
 DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& kv,
                                 const at::Tensor& k_pe, std::optional<double> sm_scale,
                                 std::optional<int64_t> kv_len_per_split, const std::optional<at::Tensor>& block_table,
-                                const std::optional<at::Tensor>& seq_lens, bool causal) {
+                                const std::optional<at::Tensor>& seq_lens, bool causal,
+                                const std::optional<at::Tensor>& kv_scale) {
   // Ranks and head dims first: they say what the caller meant.
   TORCH_CHECK(q.dim() == 3 || q.dim() == 4, "mla.decode: q must be [B, H, D] or [B, S_q, H, D], got shape ",
               shape_str(q));
@@ -91,10 +126,11 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
   DecodeProblem problem{};
   problem.dtype = dtype_of(q, "mla.decode", "q");
   for (auto [t, name] : {std::pair{&q_pe, "q_pe"}, {&kv, "kv"}, {&k_pe, "k_pe"}}) {
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "mla.decode: ", name, " must have the dtype of q (",
-                q.scalar_type(), "), got ", t->scalar_type());
     check_same_device(*t, q, name);
   }
+  TORCH_CHECK(q_pe.scalar_type() == q.scalar_type(), "mla.decode: q_pe must have the dtype of q (", q.scalar_type(),
+              "), got ", q_pe.scalar_type());
+  problem.cache_format = check_cache_format(q, kv, k_pe, kv_scale);
 
   const bool has_seq_dim = q.dim() == 4;
   const int64_t batch = q.size(0);

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "cpu/decode_cpu.h"
+#include "cpu/dequantize_cache.h"
 #include "decode_ops.h"
 
 namespace mla {
@@ -23,6 +24,14 @@ struct CpuBackend {
     }
     const SplitPartials partials = allocate_split_partials(p, options);
     cpu::decode(p, problem.dtype);
+  }
+  // float8_e4m3fn caches: the pages a call reads, dequantised for the fp32 kernel (cpu/dequantize_cache.h).
+  static constexpr bool kTakesFp8Cache = true;
+  static cpu::DequantizedCache dequantize_cache(const at::Tensor& kv, const at::Tensor& k_pe,
+                                                const at::Tensor& kv_scale, CacheFormat format,
+                                                const std::optional<at::Tensor>& block_table,
+                                                const std::optional<at::Tensor>& seq_lens) {
+    return cpu::dequantize_cache(kv, k_pe, kv_scale, format, block_table, seq_lens);
   }
   // The CPU kernel plans nothing ahead: its plan is empty.
   static at::Tensor plan(DecodeProblem&, const at::TensorOptions& options) {

@@ -55,6 +55,8 @@ struct CudaBackend {
     c10::cuda::CUDAGuard device_guard;
   };
 
+  static constexpr bool kTakesFp8Cache = false;  // the kernels read 16- and 32-bit caches only
+
   static void check_strict_allowed() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status));

@@ -20,14 +20,15 @@ constexpr int64_t kBatch = 2, kHeads = 2, kKeys = 4, kDim = 512, kRopeDim = 64;
 
 // The ops' C++ signatures, from their schemas: decode(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table,
 // seq_lens, causal) -> out, and decode_with_lse(...) -> (out, lse).
+// (q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale, plan)
 using DecodeSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    std::optional<double>, std::optional<int64_t>, const std::optional<at::Tensor>&,
-                                   const std::optional<at::Tensor>&, bool);
-using DecodeWithLseSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                  const at::Tensor&, const at::Tensor&,
-                                                                  std::optional<double>, std::optional<int64_t>,
-                                                                  const std::optional<at::Tensor>&,
-                                                                  const std::optional<at::Tensor>&, bool);
+                                   const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&,
+                                   const std::optional<at::Tensor>&);
+using DecodeWithLseSignature = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>,
+    std::optional<int64_t>, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
 
 // Key j of every sequence is the unit vector e_j in both kv and k_pe. Head h's query holds half of log(w[h][j]) in
 // q and half in q_pe, so with sm_scale = 1 its score for key j is log(w[h][j]): softmax gives w / sum(w), the output
@@ -86,9 +87,10 @@ bool check_device(const at::Device device) {
   const Inputs cpu = make_inputs();
   const at::Tensor q = cpu.q.to(device), q_pe = cpu.q_pe.to(device), kv = cpu.kv.to(device);
   const at::Tensor k_pe = cpu.k_pe.to(device), seq_lens = cpu.seq_lens.to(device);
-  const at::Tensor out = decode.call(q, q_pe, kv, k_pe, 1.0, std::nullopt, std::nullopt, seq_lens, false);
-  const auto [out_again, lse] =
-      decode_with_lse.call(q, q_pe, kv, k_pe, 1.0, std::nullopt, std::nullopt, seq_lens, false);
+  const at::Tensor out =
+      decode.call(q, q_pe, kv, k_pe, 1.0, std::nullopt, std::nullopt, seq_lens, false, std::nullopt, std::nullopt);
+  const auto [out_again, lse] = decode_with_lse.call(q, q_pe, kv, k_pe, 1.0, std::nullopt, std::nullopt, seq_lens,
+                                                     false, std::nullopt, std::nullopt);
 
   const auto [expected_out, expected_lse] = expected_outputs();
   const double out_error = std::max(max_error(out, expected_out), max_error(out_again, expected_out));

@@ -9,7 +9,8 @@
 
 int main() {
   int failures = 0;
-  for (const char* name : {"mla::decode", "mla::decode_with_lse", "mla::decode_out", "mla::merge_states"}) {
+  for (const char* name :
+       {"mla::decode", "mla::decode_with_lse", "mla::decode_out", "mla::plan", "mla::merge_states"}) {
     const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
     torch::jit::Stack stack;
     for (size_t i = 0; i < op.schema().arguments().size(); ++i) stack.emplace_back(at::zeros({1}));

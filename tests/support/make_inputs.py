@@ -21,6 +21,7 @@ class Problem:
     block_table: torch.Tensor | None  # int32 [B, max_pages]
     seq_lens: torch.Tensor | None  # int32 [B]
     causal: bool = False
+    kv_scale: torch.Tensor | None = None  # float32, for a float8_e4m3fn cache (to_fp8_cache)
 
     def args(self):
         return (self.q, self.q_pe, self.kv, self.k_pe)
@@ -28,11 +29,16 @@ class Problem:
     def kwargs(self, **extra):
         """Keyword arguments shared by the ops and the Python wrapper (plus `extra`)."""
         kwargs = dict(block_table=self.block_table, seq_lens=self.seq_lens, causal=self.causal)
+        if self.kv_scale is not None:
+            kwargs["kv_scale"] = self.kv_scale
         kwargs.update(extra)
         return kwargs
 
     def reference_kwargs(self, sm_scale=None):
-        return dict(block_table=self.block_table, seq_lens=self.seq_lens, causal=self.causal, sm_scale=sm_scale)
+        return dict(
+            block_table=self.block_table, seq_lens=self.seq_lens, causal=self.causal, sm_scale=sm_scale,
+            kv_scale=self.kv_scale,
+        )  # fmt: skip
 
 
 def randn(gen, shape, dtype, device, scale=1.0):
@@ -177,6 +183,44 @@ def make_problem(
         kv, k_pe, block_table = make_paged_cache(gen, lens, page_size, dtype, device, cache_layout, spare_slots)
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return Problem(q, q_pe, kv, k_pe, block_table, seq_lens, causal)
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128  # kv values under one per-block scale
+
+
+def to_fp8_cache(gen, problem, per_block):
+    """The problem's cache stored in fp8 as engines store it, its NaN/inf poison kept (as fp8 NaN), and kv_scale set.
+
+    Per tensor (vLLM's fp8 cache): one [..., 576] byte buffer viewed as fp8 kv [..., :512] and k_pe [..., 512:], one
+    scale for both. Per block (FlashMLA's 656-byte token): one [..., 656] byte buffer viewed as fp8 kv [..., :512],
+    four float32 scales [..., 512:528] (one per 128 kv values) and k_pe in q's dtype [..., 528:], unscaled.
+    The scales are amax / 448 times a random factor in [1, 2): the fp8 values use the top of their range.
+    """
+    kv, k_pe = problem.kv.float(), problem.k_pe.float()
+    finite = torch.isfinite(kv).all(-1, keepdim=True) & torch.isfinite(k_pe).all(-1, keepdim=True)
+    rows = kv.shape[:-1]
+    jitter = 1.0 + torch.rand((), generator=gen).item()  # >= 1: no value passes 448 (fp8 has no inf)
+    if per_block:
+        buffer = torch.empty((*rows, HEAD_DIM + 4 * 4 + ROPE_DIM * 2), dtype=torch.uint8, device=kv.device)
+        blocks = kv.reshape(*rows, HEAD_DIM // FP8_BLOCK, FP8_BLOCK)
+        amax = blocks.abs().nan_to_num(0.0, 0.0, 0.0).amax(-1).clamp_min(1e-3)
+        scale = (amax / FP8_MAX * jitter).masked_fill(~finite, math.nan)  # [*rows, 4]
+        buffer[..., HEAD_DIM:528].view(torch.float32).copy_(scale)
+        buffer[..., :HEAD_DIM].view(FP8).copy_((blocks / scale[..., None]).reshape(kv.shape).to(FP8))
+        buffer[..., 528:].view(problem.q.dtype).copy_(problem.k_pe)
+        problem.kv_scale = buffer[..., HEAD_DIM:528].view(torch.float32)
+        problem.kv, problem.k_pe = buffer[..., :HEAD_DIM].view(FP8), buffer[..., 528:].view(problem.q.dtype)
+    else:
+        buffer = torch.empty((*rows, HEAD_DIM + ROPE_DIM), dtype=torch.uint8, device=kv.device)
+        amax = max(kv.nan_to_num(0.0, 0.0, 0.0).abs().max().item(), k_pe.nan_to_num(0.0, 0.0, 0.0).abs().max().item())
+        scale = max(amax, 1e-3) / FP8_MAX * jitter
+        buffer[..., :HEAD_DIM].view(FP8).copy_((kv / scale).to(FP8))
+        buffer[..., HEAD_DIM:].view(FP8).copy_((k_pe / scale).to(FP8))
+        problem.kv_scale = torch.tensor([scale], dtype=torch.float32, device=kv.device)
+        problem.kv, problem.k_pe = buffer[..., :HEAD_DIM].view(FP8), buffer[..., HEAD_DIM:].view(FP8)
+    return problem
 
 
 def random_states(gen, shape, dtype, device):
