@@ -10,7 +10,8 @@ import torch
 from tests.reference import decode_reference
 from tests.support.axes import requires_cuda
 from tests.support.checks import assert_matches_reference
-from tests.support.launch_paths import CLUSTER_MERGE, HOPPER, ITEM_PAIRS, SM90, launches_during
+from tests.support.graphs import capture
+from tests.support.launch_paths import CLUSTER_MERGE, HOPPER, ITEM_PAIRS, SM90
 from tests.support.make_inputs import empty_outputs_like, make_problem
 
 CAPACITY = 320
@@ -27,18 +28,7 @@ def check_replays(problem, kv_len_per_split, replay_lens=REPLAY_LENS):
     def step():
         torch.ops.mla.decode_out(*problem.args(), **kwargs)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-
-    def capture_step():
-        with torch.cuda.graph(graph):
-            step()
-
-    _, launched = launches_during(capture_step)
+    graph, _, launched = capture(step)
 
     original_table = None if problem.block_table is None else problem.block_table.clone()
     for replay, lens in enumerate(replay_lens):
@@ -124,20 +114,6 @@ def test_graph_replay_of_work_item_pairs(page_size, gen):
         assert launched[SM90] == 1 and launched[ITEM_PAIRS] == 1, f"launches per path {launched}"
 
 
-def capture(step):
-    """Warms `step` up on a side stream (lazy initialisation stays out of the graph), then captures it.
-    Returns (graph, what the captured call returned: the tensors each replay rewrites)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
-    return graph, results
-
-
 @requires_cuda
 @pytest.mark.parametrize("page_size", [None, 64], ids=["dense", "paged64"])
 def test_graph_decode_with_lse_and_merge(page_size, gen):
@@ -173,7 +149,7 @@ def test_graph_decode_with_lse_and_merge(page_size, gen):
         whole = torch.ops.mla.decode_with_lse(*problem.args(), **problem.kwargs())
         return prefix, whole, torch.ops.mla.merge_states(*prefix, *suffix)
 
-    graph, (prefix, whole, merged) = capture(step)
+    graph, (prefix, whole, merged), _ = capture(step)
     original_table = None if page_size is None else problem.block_table.clone()
     for replay, lens in enumerate(REPLAY_LENS):
         problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))

@@ -13,7 +13,8 @@ import mla_ext
 from tests.reference import decode_reference
 from tests.support.axes import DTYPE_IDS, DTYPES, requires_cuda
 from tests.support.checks import assert_matches_reference
-from tests.support.launch_paths import HOPPER, ITEM_PAIRS, launches_during
+from tests.support.graphs import capture
+from tests.support.launch_paths import HOPPER, ITEM_PAIRS
 from tests.support.make_inputs import Problem, empty_outputs_like, make_problem, randn, varlen_lens
 
 # (heads, query tokens): 16 and 32 rows walk ranges (nothing planned ahead), 48 and more take work items.
@@ -111,18 +112,7 @@ def test_graph_of_a_step_follows_new_lengths(num_heads, gen):
         for layer, (out, lse) in zip(step_layers, outs, strict=True):
             mla_ext.decode(*layer.args(), **layer.kwargs(plan=plan), out=out, lse=lse)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-
-    def capture():
-        with torch.cuda.graph(graph):
-            step()
-
-    _, launched = launches_during(capture)
+    graph, _, launched = capture(step)
     rng = random.Random(int(torch.randint(1 << 30, (1,), generator=gen)))
     table = first.block_table.clone()
     for replay, lens in enumerate(
