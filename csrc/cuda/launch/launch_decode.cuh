@@ -246,7 +246,7 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const Device
   constexpr auto kernel = KernelOf<Cfg>::kernel;
   detail::ensure_shared_memory<Cfg, kernel>(d.device);
   const bool overlap = d.major >= 9 && use_programmatic_launch(p);
-  if (!Cfg::kWalksRanges && p.item_table != nullptr && !p.item_table_planned) launch_work_item_plan(p, stream, overlap);
+  launch_work_item_plan(p, stream, overlap);
   if constexpr (has_cluster_kernel<Cfg>()) {
     constexpr auto cluster_kernel = decode_dim_split_kernel<Cfg, true>;  // compiled for sm_90 only
     if (merge_in_cluster(p, row_blocks, d) && detail::compiled_for_sm90<cluster_kernel>(d.device)) {

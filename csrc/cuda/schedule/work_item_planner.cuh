@@ -77,9 +77,11 @@ static __global__ void __launch_bounds__(kPlannerMaxThreads)
   plan_work_items(p, BlockGroup{slots});
 }
 
-// Launches the planner ahead of a many-row main kernel that takes balanced work items from item_table. With `overlap`
-// (programmatic dependent launch, sm_90+) it starts while the previous kernel drains.
+// Launches the planner ahead of a main kernel that takes balanced work items from item_table; nothing where the call
+// has no item table or its table came laid out by mla.plan (item_table_planned). With `overlap` (programmatic
+// dependent launch, sm_90+) it starts while the previous kernel drains.
 inline void launch_work_item_plan(const DecodeParams& p, cudaStream_t stream, bool overlap) {
+  if (p.item_table == nullptr || p.item_table_planned) return;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;

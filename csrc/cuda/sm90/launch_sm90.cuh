@@ -134,28 +134,39 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
          clusters_of_two_fit<T>(ctas, d);
 }
 
-// The CTAs of a call, or 0 where the grid would be too large to launch.
-inline int64_t sm90_ctas(const DecodeParams& p) {
-  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  const int64_t ctas = (rows + Sm90Tile::kRowTile - 1) / Sm90Tile::kRowTile * work_items(p);
-  return ctas > INT_MAX ? 0 : ctas;
-}
+// How the kernel would launch a call, decided once for launch_decode_sm90 and sm90_pairs_items: not at all (runs
+// false: the grid is too large or the driver refuses the caches' tensor maps, and the caller falls back), else its
+// CTAs, tensor maps and use of clusters of two (merging a fixed split's two pieces, or pairing work items).
+struct LaunchShape {
+  bool runs = false;
+  int64_t ctas = 0;
+  CUtensorMap kv_map, k_pe_map;
+  bool merged = false;
+  bool item_pairs = false;
+};
 
 template <typename T>
-bool encode_cache_maps(CUtensorMap* kv_map, CUtensorMap* k_pe_map, const DecodeParams& p) {
-  return encode_cache_map<T>(kv_map, p.kv, kHeadDim, Sm90Tile::kHalfBlocks, p.kv_row_stride, p.kv_page_stride, p) &&
-         encode_cache_map<T>(k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p);
+LaunchShape launch_shape(const DecodeParams& p, const DeviceInfo& d) {
+  LaunchShape shape;
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  shape.ctas = (rows + Sm90Tile::kRowTile - 1) / Sm90Tile::kRowTile * work_items(p);
+  if (p.batch == 0 || shape.ctas > INT_MAX) return shape;
+  if (!encode_cache_map<T>(&shape.kv_map, p.kv, kHeadDim, Sm90Tile::kHalfBlocks, p.kv_row_stride, p.kv_page_stride,
+                           p) ||
+      !encode_cache_map<T>(&shape.k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
+    return shape;
+  }
+  shape.runs = true;
+  shape.merged = merge_fixed_split_in_cluster<T>(p, shape.ctas, d);
+  shape.item_pairs = !shape.merged && pair_items_in_cluster<T>(p, shape.ctas, d);
+  return shape;
 }
 
 }  // namespace sm90_detail
 
 template <DType dtype>
 bool sm90_pairs_items(const DecodeParams& p, const DeviceInfo& d) {
-  using T = typename ElementOf<dtype>::type;
-  const int64_t ctas = sm90_detail::sm90_ctas(p);
-  CUtensorMap kv_map, k_pe_map;
-  return p.batch > 0 && ctas > 0 && sm90_detail::encode_cache_maps<T>(&kv_map, &k_pe_map, p) &&
-         !sm90_detail::merge_fixed_split_in_cluster<T>(p, ctas, d) && sm90_detail::pair_items_in_cluster<T>(p, ctas, d);
+  return sm90_detail::launch_shape<typename ElementOf<dtype>::type>(p, d).item_pairs;
 }
 
 template <DType dtype>
@@ -171,16 +182,12 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
+  const sm90_detail::LaunchShape shape = sm90_detail::launch_shape<T>(params, d);
+  if (!shape.runs) return {};
   DecodeParams p = params;
+  p.item_pairs_in_cluster = shape.item_pairs;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
-  const int64_t ctas = sm90_detail::sm90_ctas(p);
-  if (p.batch == 0 || ctas == 0) return {};
-
-  CUtensorMap kv_map, k_pe_map;
-  if (!sm90_detail::encode_cache_maps<T>(&kv_map, &k_pe_map, p)) return {};
-  const bool merged = sm90_detail::merge_fixed_split_in_cluster<T>(p, ctas, d);
-  p.item_pairs_in_cluster = !merged && sm90_detail::pair_items_in_cluster<T>(p, ctas, d);
-  const bool clustered = merged || p.item_pairs_in_cluster;
+  const bool clustered = shape.merged || shape.item_pairs;
   // Programmatic dependent launch for small calls: the CTAs may start while the previous kernel on the stream drains
   // (the kernel waits before reading memory), which hides the launch gap.
   const bool use_overlap = use_programmatic_launch(p);
@@ -195,23 +202,23 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
     attributes[count++].val.clusterDim = {static_cast<unsigned>(kSm90ClusterPieces), 1, 1};
   }
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.gridDim = dim3(static_cast<unsigned>(shape.ctas));
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = C::kSmemBytes;
   config.stream = stream;
   config.attrs = count > 0 ? attributes : nullptr;
   config.numAttrs = count;
-  if (p.item_table != nullptr && !p.item_table_planned) launch_work_item_plan(p, stream, use_overlap);
+  launch_work_item_plan(p, stream, use_overlap);
   // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
   // scores pay (perf-log v60, v61).
   const bool early_scores = rows > C::kRowTile;
   const auto kernel = clustered ? sm90_detail::decode_kernel<T, true>(early_scores)
                                 : sm90_detail::decode_kernel<T, false>(early_scores);
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, kv_map, k_pe_map);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, shape.kv_map, shape.k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));
   }
-  return Sm90Launch{true, merged, p.item_pairs_in_cluster};
+  return Sm90Launch{true, shape.merged, shape.item_pairs};
 }
 
 }  // namespace mla::cuda
