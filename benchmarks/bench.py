@@ -3,12 +3,14 @@
 
     python3 -m benchmarks.bench [--quick] [--device cuda|cpu] [--dtype bf16[,fp16,fp32|all]] [--out-dir DIR]
                                 [--batch 1,16] [--heads 16] [--seqlen 16384] [--kv-len-per-split N]
+                                [--seqlen-q 2] [--ragged-lens] [--page-size N]
     python3 -m benchmarks.bench --ragged [--device cuda|cpu] [--heads 16,128]   (benchmarks/bench_ragged.py)
 
 Run from the repository root (it imports mla_ext, benchmarks.common and tests.reference from there).
 
-Workload: D=512, Dpe=64, one query token, every sequence full length S, one [B, S, 576] cache per layer (latent kv
-in the first 512 values, k_pe in the last 64, as serving frameworks store it) and one [B, H, 576] query.
+Workload: D=512, Dpe=64, one query token (--seqlen-q 2: two, causal), every sequence full length S (--ragged-lens:
+lengths spread over [S/4, S] in the same cache), one [B, S, 576] cache per layer (latent kv in the first 512 values,
+k_pe in the last 64, as serving frameworks store it) and one [B, H, 576] query ([B, S_q, H, 576] for S_q > 1).
 
 CUDA: L distinct layers (L = clamp(ceil(1.5 GB / cache bytes), 1, 128)) are captured back to back in one CUDA
 graph per method; the graph is replayed for ~100 ms to let the clock ramp, then timed with CUDA events. The figure
@@ -111,6 +113,11 @@ def parse_args(argv=None):
         "--page-size", type=int, default=64,
         help="keys per page of mla_ext's paged calls, viewing the same memory (FlashMLA and FlashInfer keep 64)",
     )  # fmt: skip
+    parser.add_argument("--seqlen-q", type=int, default=1, help="query tokens per sequence (above 1: causal)")
+    parser.add_argument(
+        "--ragged-lens", action="store_true",
+        help="seq_lens spread over [S/4, S] (every method gets them; the grid's S is the cache's capacity)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per method; the median is reported")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_out"), help="where results are written")
     parser.add_argument("--ragged", action="store_true", help="instead of the grid: ragged vs uniform batches of the "
@@ -120,6 +127,8 @@ def parse_args(argv=None):
     for name in args.dtypes:
         if name not in DTYPE_NAMES:
             parser.error(f"--dtype: expected bf16, fp16, fp32 or all, got {name!r}")
+    if args.seqlen_q < 1:
+        parser.error(f"--seqlen-q: expected a positive integer, got {args.seqlen_q}")
     if args.page_size < 1:
         parser.error(f"--page-size: expected a positive integer, got {args.page_size}")
     args.peers = tuple(p for p in args.peers.split(",") if p)
@@ -159,7 +168,21 @@ class Workload:
     dtype_name: str
     batch: int
     heads: int
-    seqlen: int
+    seqlen: int  # the cache's capacity; every sequence's length unless ragged
+    seqlen_q: int = 1  # above 1: causal
+    ragged: bool = False
+
+    @property
+    def causal(self):
+        return self.seqlen_q > 1
+
+    @property
+    def lens(self):
+        """Each sequence's length: S, or (ragged) spread over [S/4, S] by a fixed low-discrepancy sequence."""
+        if not self.ragged:
+            return [self.seqlen] * self.batch
+        spread = [1 - 0.75 * ((b * 0.6180339887) % 1) for b in range(self.batch)]
+        return [max(self.seqlen_q, round(self.seqlen * f)) for f in spread]
 
     @property
     def dtype(self):
@@ -171,11 +194,15 @@ class Workload:
 
     @property
     def bytes(self):
-        return common.decode_bytes(self.heads, [self.seqlen] * self.batch, self.dtype.itemsize)
+        return common.decode_bytes(self.heads * self.seqlen_q, self.lens, self.dtype.itemsize)  # S_q * H query rows
 
     @property
     def flops(self):
-        return common.decode_flops(self.heads, [self.seqlen] * self.batch)
+        # token t of S_q sees len - (S_q - 1 - t) keys (bottom-right causal)
+        return sum(
+            common.decode_flops(self.heads, [n - (self.seqlen_q - 1 - t) for n in self.lens])
+            for t in range(self.seqlen_q)
+        )
 
     def num_layers(self, device_type):
         layers = math.ceil(LAYER_BUDGET[device_type] / self.cache_bytes)
@@ -186,16 +213,16 @@ class Workload:
 class Layer:
     """One layer's inputs; every method reads the same memory through views."""
 
-    q_full: torch.Tensor  # [B, H, 576]: latent query (first 512) and rope query (last 64)
+    q_full: torch.Tensor  # [B, H, 576] ([B, S_q, H, 576]): latent query (first 512) and rope query (last 64)
     cache: torch.Tensor  # [B, S, 576]: latent kv (first 512) and k_pe (last 64)
 
     @property
     def q(self):
-        return self.q_full[..., : common.HEAD_DIM]  # [B, H, 512]
+        return self.q_full[..., : common.HEAD_DIM]  # [B, (S_q,) H, 512]
 
     @property
     def q_pe(self):
-        return self.q_full[..., common.HEAD_DIM :]  # [B, H, 64]
+        return self.q_full[..., common.HEAD_DIM :]  # [B, (S_q,) H, 64]
 
     @property
     def kv(self):
@@ -210,8 +237,9 @@ def make_layers(work, count, device, generator):
     def randn(*shape):
         return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(work.dtype)
 
+    query = (work.batch, work.heads) if work.seqlen_q == 1 else (work.batch, work.seqlen_q, work.heads)
     width = common.KEY_DIM
-    return [Layer(randn(work.batch, work.heads, width), randn(work.batch, work.seqlen, width)) for _ in range(count)]
+    return [Layer(randn(*query, width), randn(work.batch, work.seqlen, width)) for _ in range(count)]
 
 
 class Unavailable(Exception):
@@ -223,16 +251,17 @@ class Unavailable(Exception):
 
 
 def build_mla_ext(work, layers, sm_scale, with_seq_lens=False, kv_len_per_split=None):
-    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, (S_q,) H, 512] each
     seq_lens = None
-    if with_seq_lens:  # every sequence full: the same keys, only the split choice differs
-        seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=layers[0].cache.device)
+    # ragged lengths need seq_lens; at full lengths they change only the split choice, not the keys
+    if with_seq_lens or work.ragged:
+        seq_lens = _seq_lens(work, layers[0].cache.device)
 
     def run(i):
         layer = layers[i]
         mla_ext.decode(
             layer.q, layer.q_pe, layer.kv, layer.k_pe, sm_scale=sm_scale, kv_len_per_split=kv_len_per_split,
-            seq_lens=seq_lens, out=outs[i],
+            seq_lens=seq_lens, causal=work.causal, out=outs[i],
         )  # fmt: skip
         return outs[i]
 
@@ -243,13 +272,13 @@ def build_mla_ext_paged(work, layers, sm_scale, planned=True, page_size=FLASH_PA
     if work.seqlen % page_size:
         raise Unavailable(f"S must be a multiple of {page_size}")
     block_table, seq_lens = _page_tables(work, layers[0].cache.device, page_size)
-    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, H, 512] each
+    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]  # [B, (S_q,) H, 512] each
     pages = [layer.cache.view(-1, page_size, common.KEY_DIM) for layer in layers]  # [P, page_size, 576]
 
     def arguments(i):
         layer, cache = layers[i], pages[i]
         return (layer.q, layer.q_pe, cache[..., :common.HEAD_DIM], cache[..., common.HEAD_DIM:]), dict(
-            sm_scale=sm_scale, block_table=block_table, seq_lens=seq_lens
+            sm_scale=sm_scale, block_table=block_table, seq_lens=seq_lens, causal=work.causal
         )  # fmt: skip
 
     args, kwargs = arguments(0)
@@ -264,15 +293,30 @@ def build_mla_ext_paged(work, layers, sm_scale, planned=True, page_size=FLASH_PA
 
 
 def _page_tables(work, device, page_size=FLASH_PAGE_SIZE):
-    """Block table [B, S / page_size] (sequence b owns pages b * S / page_size onwards) and full-length int32
-    seq_lens [B]."""
+    """Block table [B, S / page_size] (sequence b owns pages b * S / page_size onwards) and int32 seq_lens [B]."""
     pages_per_seq = work.seqlen // page_size
     block_table = torch.arange(work.batch * pages_per_seq, dtype=torch.int32, device=device)
-    seq_lens = torch.full((work.batch,), work.seqlen, dtype=torch.int32, device=device)
-    return block_table.view(work.batch, pages_per_seq), seq_lens
+    return block_table.view(work.batch, pages_per_seq), _seq_lens(work, device)
+
+
+def _seq_lens(work, device):
+    return torch.tensor(work.lens, dtype=torch.int32, device=device)
+
+
+def _query_tokens(work, layers):
+    """Queries [B, S_q, H, 576] as FlashMLA takes them, and how to shape its [B, S_q, H, 512] output like mla_ext's."""
+    queries = [layer.q_full if work.seqlen_q > 1 else layer.q_full.unsqueeze(1) for layer in layers]
+    return queries, (lambda out: out) if work.seqlen_q > 1 else (lambda out: out.squeeze(1))
+
+
+def _require_one_token_full_lengths(work):
+    if work.seqlen_q > 1 or work.ragged:
+        raise Unavailable("one query token and full lengths only")
 
 
 def build_eager(work, layers, sm_scale):
+    _require_one_token_full_lengths(work)
+
     def run(i):
         layer = layers[i]
         scores = torch.bmm(layer.q_full, layer.cache.transpose(1, 2))  # [B, H, S]
@@ -291,16 +335,16 @@ def build_flashmla(work, layers, sm_scale):
     block_table, seq_lens = _page_tables(work, layers[0].cache.device)
     # Older releases take (seq_lens, s_q * h_q / h_kv, h_kv); newer ones ignore the arguments and fill the
     # returned metadata on the first call, which the warm-up call before capture makes.
-    metadata, num_splits = get_mla_metadata(seq_lens, work.heads, 1)
-    queries = [layer.q_full.unsqueeze(1) for layer in layers]  # [B, 1, H, 576]
+    metadata, num_splits = get_mla_metadata(seq_lens, work.seqlen_q * work.heads, 1)
+    queries, shape_out = _query_tokens(work, layers)  # [B, S_q, H, 576]
     caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, common.KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
 
     def run(i):
         out, _ = flash_mla_with_kvcache(
             queries[i], caches[i], block_table, seq_lens, common.HEAD_DIM, metadata, num_splits,
-            softmax_scale=sm_scale, causal=False,
+            softmax_scale=sm_scale, causal=work.causal,
         )  # fmt: skip
-        return out.squeeze(1)  # [B, H, 512]
+        return shape_out(out)
 
     return run
 
@@ -316,17 +360,17 @@ def build_flashmla_dense(work, layers, sm_scale):
     if work.dtype_name != "bf16":
         raise Unavailable("prebuilt for bf16 only")
     block_table, seq_lens = _page_tables(work, layers[0].cache.device)
-    queries = [layer.q_full.unsqueeze(1) for layer in layers]  # [B, 1, H, 576]
+    queries, shape_out = _query_tokens(work, layers)  # [B, S_q, H, 576]
     caches = [layer.cache.view(-1, FLASH_PAGE_SIZE, 1, common.KEY_DIM) for layer in layers]  # [P, 64, 1, 576]
     _, _, metadata, num_splits = flashmla_dense.dense_decode_fwd(
-        queries[0], caches[0], common.HEAD_DIM, seq_lens, block_table, sm_scale, False, None, None
+        queries[0], caches[0], common.HEAD_DIM, seq_lens, block_table, sm_scale, work.causal, None, None
     )
 
     def run(i):
         out, _, _, _ = flashmla_dense.dense_decode_fwd(
-            queries[i], caches[i], common.HEAD_DIM, seq_lens, block_table, sm_scale, False, metadata, num_splits
+            queries[i], caches[i], common.HEAD_DIM, seq_lens, block_table, sm_scale, work.causal, metadata, num_splits
         )
-        return out.squeeze(1)  # [B, H, 512]
+        return shape_out(out)
 
     return run
 
@@ -337,6 +381,7 @@ def build_flashinfer(work, layers, sm_scale):
     except ImportError:
         raise Unavailable("not installed") from None
     _require_flash_shapes(work)
+    _require_one_token_full_lengths(work)
     device = layers[0].cache.device
     pages_per_seq = work.seqlen // FLASH_PAGE_SIZE
 
@@ -412,11 +457,15 @@ def load_reference():
     return decode_reference
 
 
-def reference_slice(reference, layer, sm_scale):
-    """(rows, float64 out [n, H, 512]) on the first and last sequence: a cheap check that still sees both ends."""
-    batch = layer.q_full.shape[0]
-    rows = sorted({0, batch - 1})
-    out, _ = reference(layer.q[rows], layer.q_pe[rows], layer.kv[rows], layer.k_pe[rows], sm_scale=sm_scale)
+def reference_slice(reference, work, layer, sm_scale):
+    """(rows, float64 out [n, (S_q,) H, 512]) on the first and last sequence: a cheap check that still sees both
+    ends."""
+    rows = sorted({0, work.batch - 1})
+    seq_lens = torch.tensor([work.lens[b] for b in rows], dtype=torch.int32)
+    out, _ = reference(
+        layer.q[rows], layer.q_pe[rows], layer.kv[rows], layer.k_pe[rows], sm_scale=sm_scale, seq_lens=seq_lens,
+        causal=work.causal,
+    )  # fmt: skip
     return rows, out
 
 
@@ -455,10 +504,11 @@ def bench_config(work, device, methods, reference, repeats, seed, builders=BUILD
     generator = torch.Generator(device=device).manual_seed(seed)
     layers = make_layers(work, num_layers, device, generator)
     sm_scale = common.KEY_DIM**-0.5
-    ref = reference_slice(reference, layers[0], sm_scale) if reference else None
+    ref = reference_slice(reference, work, layers[0], sm_scale) if reference else None
     record = {
         "dtype": work.dtype_name, "batch": work.batch, "heads": work.heads, "seqlen": work.seqlen,
-        "layers": num_layers, "bytes": work.bytes, "flops": work.flops, "methods": {},
+        "seqlen_q": work.seqlen_q, "ragged": work.ragged, "layers": num_layers, "bytes": work.bytes,
+        "flops": work.flops, "methods": {},
     }  # fmt: skip
     for name in methods:
         entry = record["methods"][name] = {}
@@ -503,7 +553,9 @@ def flop_unit(device_type):
 
 def progress_line(index, total, record, ceilings, device_type):
     unit, scale = flop_unit(device_type)
-    work = f"{record['dtype']} B={record['batch']} H={record['heads']} S={record['seqlen']} L={record['layers']}"
+    work = f"{record['dtype']} B={record['batch']} H={record['heads']} S={record['seqlen']}"
+    work += f" S_q={record['seqlen_q']} causal" * (record["seqlen_q"] > 1) + " ragged" * record["ragged"]
+    work += f" L={record['layers']}"
     parts = []
     for name, entry in record["methods"].items():
         if entry.get("status") != "ok":
@@ -527,6 +579,8 @@ def markdown(meta, ceilings, records, peers, device_type):
     lines.append(f"{meta['date']}; torch {meta['torch']}; mla_ext {meta['mla_ext']}; timing: {meta['timing']}.")
     if "kv_len_per_split" in meta:
         lines.append(f"mla_ext ran with kv_len_per_split = {meta['kv_len_per_split']} (fixed, not its own choice).")
+    if "queries" in meta:
+        lines.append(f"Queries: {meta['queries']}; sequence lengths: {meta['lengths']}.")
     if "page_size" in meta:
         lines.append(f"mla_ext's paged calls used {meta['page_size']}-key pages of the same memory (peers: 64).")
     if "threads" in meta:
@@ -733,11 +787,18 @@ def main(argv=None):
     cpu_peers = ("eager", "mla_ext_paged", "mla_ext_paged_per_call", "mla_ext_seq_lens")  # the others: CUDA only
     peers = [p for p in args.peers if device.type == "cuda" or p in cpu_peers]
     methods = ["mla_ext", *peers]
-    work_list = [Workload(d, *config) for d in args.dtypes for config in plan_configs(args, d)]
+    work_list = [
+        Workload(d, *config, seqlen_q=args.seqlen_q, ragged=args.ragged_lens)
+        for d in args.dtypes
+        for config in plan_configs(args, d)
+    ]
     builders = dict(BUILDERS)
     if args.kv_len_per_split:
         builders["mla_ext"] = functools.partial(build_mla_ext, kv_len_per_split=args.kv_len_per_split)
         meta["kv_len_per_split"] = args.kv_len_per_split
+    if args.seqlen_q > 1 or args.ragged_lens:
+        meta["queries"] = f"S_q = {args.seqlen_q}" + (", causal" if args.seqlen_q > 1 else "")
+        meta["lengths"] = "spread over [S/4, S]" if args.ragged_lens else "S"
     if args.page_size != FLASH_PAGE_SIZE:
         for name in ("mla_ext_paged", "mla_ext_paged_per_call"):
             builders[name] = functools.partial(builders[name], page_size=args.page_size)
