@@ -70,8 +70,13 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}
 # "mla_ext_paged" is the call serving engines make: the same memory as 64-token pages of one [P, 64, 576] cache,
 # a block table and device seq_lens (full length), as FlashMLA and FlashInfer are given, with the plan made once
 # (mla_ext.plan), as FlashMLA's metadata is; the serving ratios compare the peers with it. Not default peers:
-# "mla_ext_paged_per_call" (the same call planning per layer) and "mla_ext_seq_lens" (the dense call with seq_lens).
-PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer", "mla_ext_paged_per_call", "mla_ext_seq_lens")
+# "mla_ext_paged_per_call" (the same call planning per layer), "mla_ext_seq_lens" (the dense call with seq_lens) and
+# "mla_ext_fp8" / "mla_ext_fp8_block" (the serving call on the cache stored in float8_e4m3fn: vLLM's 576-byte key with
+# one scale, FlashMLA's 656-byte key with a scale per 128 values).
+PEERS = (
+    "eager", "mla_ext_paged", "flashmla", "flashinfer", "mla_ext_paged_per_call", "mla_ext_seq_lens", "mla_ext_fp8",
+    "mla_ext_fp8_block",
+)  # fmt: skip
 DEFAULT_PEERS = ("eager", "mla_ext_paged", "flashmla", "flashinfer")
 SERVING = "mla_ext_paged"
 PEER_LABELS = {
@@ -82,6 +87,8 @@ PEER_LABELS = {
     "flashmla": "FlashMLA",
     "flashinfer": "FlashInfer",
     "mla_ext_seq_lens": "mla_ext with seq_lens",
+    "mla_ext_fp8": "mla_ext paged fp8",
+    "mla_ext_fp8_block": "mla_ext paged fp8 per block",
 }
 FLASH_PAGE_SIZE = 64  # FlashMLA's only page size; FlashInfer uses the same pages
 
@@ -196,6 +203,10 @@ class Workload:
     def bytes(self):
         return common.decode_bytes(self.heads * self.seqlen_q, self.lens, self.dtype.itemsize)  # S_q * H query rows
 
+    def bytes_with_keys_of(self, key_bytes):
+        """Bytes of the call when each cached key takes key_bytes (an fp8 cache) instead of 576 values of dtype."""
+        return self.bytes + sum(self.lens) * (key_bytes - common.KEY_DIM * self.dtype.itemsize)
+
     @property
     def flops(self):
         # token t of S_q sees len - (S_q - 1 - t) keys (bottom-right causal)
@@ -290,6 +301,74 @@ def build_mla_ext_paged(work, layers, sm_scale, planned=True, page_size=FLASH_PA
         return outs[i]
 
     return run
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+FP8_BLOCK = 128  # kv values under one scale in the per-block layout
+
+
+def build_mla_ext_fp8(work, layers, sm_scale, per_block=False):
+    """The serving call on each layer's cache stored in fp8 (64-token pages, device seq_lens). Its reference is that
+    of the dequantised cache, and its bytes are those of the fp8 keys."""
+    if work.dtype_name == "fp32":
+        raise Unavailable("fp8 caches take fp16 or bf16 queries")
+    if work.seqlen % FLASH_PAGE_SIZE:
+        raise Unavailable(f"S must be a multiple of {FLASH_PAGE_SIZE}")
+    block_table, seq_lens = _page_tables(work, layers[0].cache.device)
+    caches = [_fp8_pages(layer, per_block) for layer in layers]  # (kv, k_pe, kv_scale) each
+    outs = [torch.empty_like(layer.q_full[..., : common.HEAD_DIM]) for layer in layers]
+
+    def run(i):
+        kv, k_pe, kv_scale = caches[i]
+        mla_ext.decode(
+            layers[i].q, layers[i].q_pe, kv, k_pe, sm_scale=sm_scale, kv_scale=kv_scale, block_table=block_table,
+            seq_lens=seq_lens, causal=work.causal, out=outs[i],
+        )  # fmt: skip
+        return outs[i]
+
+    def reference_slice(reference):
+        rows = sorted({0, work.batch - 1})
+        pages = work.seqlen // FLASH_PAGE_SIZE
+        kv, k_pe, kv_scale = (
+            t if t.dim() == 1 else torch.stack([t[b * pages : (b + 1) * pages].flatten(0, 1) for b in rows])
+            for t in caches[0]
+        )  # fmt: skip
+        out, _ = reference(
+            layers[0].q[rows], layers[0].q_pe[rows], kv, k_pe, sm_scale=sm_scale, kv_scale=kv_scale,
+            seq_lens=torch.tensor([work.lens[b] for b in rows], dtype=torch.int32), causal=work.causal,
+        )  # fmt: skip
+        return rows, out
+
+    run.reference_slice = reference_slice
+    run.key_bytes = common.HEAD_DIM + (4 * 4 + common.ROPE_DIM * work.dtype.itemsize if per_block else common.ROPE_DIM)
+    return run
+
+
+def _fp8_pages(layer, per_block):
+    """(kv, k_pe, kv_scale) of the layer's cache in fp8 as [P, 64, ...] pages: per tensor one 576-byte buffer per key
+    and one scale (amax / 448); per block FlashMLA's 656-byte key: 512 e4m3 values, 4 float32 scales (one per 128
+    values), the 64 rope values in q's dtype."""
+    dtype = layer.cache.dtype
+    cache = layer.cache.reshape(-1, common.KEY_DIM)  # [B * S, 576]
+    keys = cache.shape[0]
+    if not per_block:
+        scale = (cache.abs().amax().float() / FP8_MAX).clamp_min(1e-12).reshape(1)
+        pages = (cache.float() / scale).to(FP8).view(-1, FLASH_PAGE_SIZE, common.KEY_DIM)
+        return pages[..., : common.HEAD_DIM], pages[..., common.HEAD_DIM :], scale
+    width = common.HEAD_DIM + 4 * 4 + common.ROPE_DIM * dtype.itemsize
+    buffer = torch.empty(keys, width, dtype=torch.uint8, device=cache.device)
+    blocks = cache[:, : common.HEAD_DIM].float().reshape(keys, -1, FP8_BLOCK)
+    scale = (blocks.abs().amax(-1) / FP8_MAX).clamp_min(1e-12)  # [keys, 4]
+    buffer[:, common.HEAD_DIM : common.HEAD_DIM + 16].view(torch.float32).copy_(scale)
+    buffer[:, : common.HEAD_DIM].view(FP8).copy_((blocks / scale[..., None]).reshape(keys, -1).to(FP8))
+    buffer[:, common.HEAD_DIM + 16 :].view(dtype).copy_(cache[:, common.HEAD_DIM :])
+    pages = buffer.view(-1, FLASH_PAGE_SIZE, width)
+    return (
+        pages[..., : common.HEAD_DIM].view(FP8),
+        pages[..., common.HEAD_DIM + 16 :].view(dtype),
+        pages[..., common.HEAD_DIM : common.HEAD_DIM + 16].view(torch.float32),
+    )
 
 
 def _page_tables(work, device, page_size=FLASH_PAGE_SIZE):
@@ -426,6 +505,8 @@ BUILDERS = {
     "flashinfer": build_flashinfer,
     "mla_ext_paged_per_call": functools.partial(build_mla_ext_paged, planned=False),
     "mla_ext_seq_lens": functools.partial(build_mla_ext, with_seq_lens=True),
+    "mla_ext_fp8": build_mla_ext_fp8,
+    "mla_ext_fp8_block": functools.partial(build_mla_ext_fp8, per_block=True),
 }
 
 
@@ -513,7 +594,8 @@ def bench_config(work, device, methods, reference, repeats, seed, builders=BUILD
     for name in methods:
         entry = record["methods"][name] = {}
         try:
-            us, out0 = time_method(builders[name](work, layers, sm_scale), num_layers, device, repeats)
+            run = builders[name](work, layers, sm_scale)
+            us, out0 = time_method(run, num_layers, device, repeats)
         except Unavailable as why:
             entry["status"] = str(why)
             continue
@@ -524,11 +606,14 @@ def bench_config(work, device, methods, reference, repeats, seed, builders=BUILD
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        entry.update(status="ok", us=us, gbps=work.bytes / us / 1e3, tflops=work.flops / us / 1e6)
+        moved = work.bytes_with_keys_of(run.key_bytes) if hasattr(run, "key_bytes") else work.bytes
+        entry.update(status="ok", us=us, gbps=moved / us / 1e3, tflops=work.flops / us / 1e6)
         if ref is not None:
-            entry["rel_err"] = relative_error(out0, *ref)
+            # an fp8 cache is checked against the reference of its dequantised values
+            own = run.reference_slice(reference) if hasattr(run, "reference_slice") else ref
+            entry["rel_err"] = relative_error(out0, *own)
             entry["check"] = "pass" if entry["rel_err"] <= TOLERANCE[work.dtype_name] else "FAIL"
-        del out0
+        del out0, run  # the method's buffers (an fp8 copy of every layer) go before the next one is built
     record["speedup"] = speedups(record, "mla_ext")
     record["serving_speedup"] = speedups(record, SERVING)
     return record
@@ -784,7 +869,9 @@ def main(argv=None):
             f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
             flush=True,
         )
-    cpu_peers = ("eager", "mla_ext_paged", "mla_ext_paged_per_call", "mla_ext_seq_lens")  # the others: CUDA only
+    cpu_peers = (  # the others: CUDA only
+        "eager", "mla_ext_paged", "mla_ext_paged_per_call", "mla_ext_seq_lens", "mla_ext_fp8", "mla_ext_fp8_block",
+    )  # fmt: skip
     peers = [p for p in args.peers if device.type == "cuda" or p in cpu_peers]
     methods = ["mla_ext", *peers]
     work_list = [
