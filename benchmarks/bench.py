@@ -327,20 +327,15 @@ def build_mla_ext_fp8(work, layers, sm_scale, per_block=False):
         )  # fmt: skip
         return outs[i]
 
-    def reference_slice(reference):
-        rows = sorted({0, work.batch - 1})
+    def cache_rows(rows):
+        """Layer 0's fp8 kv, k_pe and kv_scale of sequences `rows`, dense (a sequence's pages are consecutive)."""
         pages = work.seqlen // FLASH_PAGE_SIZE
-        kv, k_pe, kv_scale = (
+        return tuple(
             t if t.dim() == 1 else torch.stack([t[b * pages : (b + 1) * pages].flatten(0, 1) for b in rows])
             for t in caches[0]
         )  # fmt: skip
-        out, _ = reference(
-            layers[0].q[rows], layers[0].q_pe[rows], kv, k_pe, sm_scale=sm_scale, kv_scale=kv_scale,
-            seq_lens=torch.tensor([work.lens[b] for b in rows], dtype=torch.int32), causal=work.causal,
-        )  # fmt: skip
-        return rows, out
 
-    run.reference_slice = reference_slice
+    run.reference_slice = lambda reference: reference_slice(reference, work, layers[0], sm_scale, cache_rows)
     run.key_bytes = common.HEAD_DIM + (4 * 4 + common.ROPE_DIM * work.dtype.itemsize if per_block else common.ROPE_DIM)
     return run
 
@@ -538,13 +533,14 @@ def load_reference():
     return decode_reference
 
 
-def reference_slice(reference, work, layer, sm_scale):
+def reference_slice(reference, work, layer, sm_scale, cache_rows=None):
     """(rows, float64 out [n, (S_q,) H, 512]) on the first and last sequence: a cheap check that still sees both
-    ends."""
+    ends. cache_rows(rows) gives another cache's (kv, k_pe, kv_scale) of those sequences (an fp8 copy)."""
     rows = sorted({0, work.batch - 1})
+    kv, k_pe, kv_scale = cache_rows(rows) if cache_rows else (layer.kv[rows], layer.k_pe[rows], None)
     seq_lens = torch.tensor([work.lens[b] for b in rows], dtype=torch.int32)
     out, _ = reference(
-        layer.q[rows], layer.q_pe[rows], layer.kv[rows], layer.k_pe[rows], sm_scale=sm_scale, seq_lens=seq_lens,
+        layer.q[rows], layer.q_pe[rows], kv, k_pe, sm_scale=sm_scale, kv_scale=kv_scale, seq_lens=seq_lens,
         causal=work.causal,
     )  # fmt: skip
     return rows, out
