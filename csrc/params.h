@@ -11,6 +11,11 @@ constexpr int kRopeDim = 64;   // Dpe: the decoupled rotary part
 
 enum class DType { kFloat16, kBFloat16, kFloat32 };
 
+// How the cache stores its values. fp8: float8_e4m3fn with kv_scale, per tensor (kv and k_pe in fp8, one scale for
+// both) or per block (one scale per 128 values of each kv row, [..., 4]; k_pe unscaled in q's dtype).
+enum class CacheFormat { kNative, kFp8PerTensor, kFp8PerBlock };
+constexpr int kFp8BlockValues = 128;  // values of a kv row under one per-block scale
+
 // One decode call. Query rows of a sequence are ordered r = t * num_heads + h (t: query token, h: head); all rows
 // of one sequence attend to the same keys, so a CTA / task handles a block of rows against a block of keys.
 // Dense caches are described as paged ones: one page per sequence (page_size = S_kv, block_table = nullptr).
@@ -80,6 +85,12 @@ struct DecodeParams {
   // index them by slot instead: out_partial [W, S_q * H, D], lse_partial [W, S_q * H].
   float* out_partial;  // [B, S_q * H, num_splits, D]
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
+
+  // A float8_e4m3fn cache (CUDA: the few- and mid-row kernels): kv, and k_pe per tensor, hold e4m3 bytes (strides
+  // above in bytes). Per tensor kv_scale is [1]; per block [P, page_size, 4], row and page strides in floats.
+  CacheFormat cache_format;
+  const float* kv_scale;
+  int64_t kv_scale_page_stride, kv_scale_row_stride;
 };
 
 // CTAs per block of query rows: one per (sequence, split), per balanced range, or per (possibly spare) work item.

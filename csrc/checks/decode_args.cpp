@@ -85,8 +85,7 @@ CacheFormat check_cache_format(const at::Tensor& q, const at::Tensor& kv, const 
   const std::vector<int64_t> blocks{kv.size(0), kv.size(1), kHeadDim / kFp8BlockValues};
   TORCH_CHECK(scale.sizes().vec() == blocks, "mla.decode: kv_scale must be [] or [1] (per tensor) or ",
               at::IntArrayRef(blocks), " (per 128 values of each kv row), got ", shape_str(scale));
-  TORCH_CHECK(scale.stride(2) == 1, "mla.decode: kv_scale must be contiguous in its last dim, got strides ",
-              scale.strides());
+  check_rows(scale, "kv_scale");
   TORCH_CHECK(k_pe.scalar_type() == q.scalar_type(), "mla.decode: with per-block kv_scale, k_pe holds the rope ",
               "values unscaled in the dtype of q (", q.scalar_type(), "), got ", k_pe.scalar_type());
   return CacheFormat::kFp8PerBlock;
@@ -131,6 +130,14 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
   TORCH_CHECK(q_pe.scalar_type() == q.scalar_type(), "mla.decode: q_pe must have the dtype of q (", q.scalar_type(),
               "), got ", q_pe.scalar_type());
   problem.cache_format = check_cache_format(q, kv, k_pe, kv_scale);
+  if (problem.cache_format != CacheFormat::kNative) {
+    problem.params.cache_format = problem.cache_format;
+    problem.params.kv_scale = kv_scale->data_ptr<float>();
+    if (problem.cache_format == CacheFormat::kFp8PerBlock) {
+      problem.params.kv_scale_page_stride = kv_scale->stride(0);
+      problem.params.kv_scale_row_stride = kv_scale->stride(1);
+    }
+  }
 
   const bool has_seq_dim = q.dim() == 4;
   const int64_t batch = q.size(0);

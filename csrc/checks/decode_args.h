@@ -10,17 +10,12 @@
 
 namespace mla {
 
-// How the cache stores its values. fp8: float8_e4m3fn with kv_scale, per tensor (kv and k_pe in fp8, one scale for
-// both) or per block (one scale per 128 values of each kv row, [..., 4]; k_pe unscaled in q's dtype).
-enum class CacheFormat { kNative, kFp8PerTensor, kFp8PerBlock };
-constexpr int kFp8BlockValues = 128;  // values of a kv row under one per-block scale
-
 // A checked decode call. `params` has every field filled except kv_len_per_split, num_splits, out, lse and the
 // partials, which the backend sets once it has chosen the split and allocated the outputs.
 struct DecodeProblem {
   DecodeParams params;
-  DType dtype;  // of q (and of the cache, except an fp8 one)
-  CacheFormat cache_format;
+  DType dtype;                              // of q (and of the cache, except an fp8 one)
+  CacheFormat cache_format;                 // also in params
   bool q_has_seq_dim;                       // q was [B, S_q, H, D] (else [B, H, D])
   std::optional<int64_t> kv_len_per_split;  // the caller's choice, validated; nullopt = backend default
 };

@@ -55,7 +55,9 @@ struct CudaBackend {
     c10::cuda::CUDAGuard device_guard;
   };
 
-  static constexpr bool kTakesFp8Cache = false;  // the kernels read 16- and 32-bit caches only
+  // float8_e4m3fn caches: the few- and mid-row fp8 kernel converts them into its fragments (any row count)
+  static constexpr bool kTakesFp8Cache = true;
+  static constexpr bool kDequantisesFp8Cache = false;
 
   static void check_strict_allowed() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

@@ -52,4 +52,36 @@ __device__ __forceinline__ void fragment_softmax_rescale(float (&s)[kNT][4], con
   }
 }
 
+// The dim-split kernels: each of a row group's kQuarters warps holds partial scores over its share of the dims for
+// all keys of the tile. Every warp stores its share (partial: [warp][nt][lane] float4) and, after the group's
+// barrier, adds the shares in a fixed order, so every warp of the group holds bitwise the same scores.
+template <int kQuarters, int kNT>
+__device__ __forceinline__ void add_quarter_scores(float (&s)[kNT][4], float4* partial, int group, int quarter,
+                                                   int lane) {
+  const int warp = group * kQuarters + quarter;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+  named_barrier(1 + group, kQuarters * 32);
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    // A warp's own quarter is still in its registers (bitwise what it wrote): only the others are read back.
+    const float4 own = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+    const float4* quarters = partial + (group * kQuarters * kNT + nt) * 32 + lane;
+    float4 sum = quarter == 0 ? own : quarters[0];
+#pragma unroll
+    for (int q = 1; q < kQuarters; ++q) {  // fixed order: every warp gets bitwise the same scores
+      const float4 v = quarter == q ? own : quarters[q * kNT * 32];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    s[nt][0] = sum.x;
+    s[nt][1] = sum.y;
+    s[nt][2] = sum.z;
+    s[nt][3] = sum.w;
+  }
+}
+
 }  // namespace mla::cuda

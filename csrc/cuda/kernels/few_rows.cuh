@@ -140,29 +140,7 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
         mma_16816<T>(s[2 * np + 1], q_frag[kk], b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-      partial[(warp * kNT + nt) * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
-    named_barrier(1 + group, Cfg::kWarpsPerGroup * 32);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      // A warp's own quarter is still in its registers (bitwise what it wrote): only the other three are read back.
-      const float4 own = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
-      const float4* quarters = partial + (group * Cfg::kWarpsPerGroup * kNT + nt) * 32 + lane;
-      float4 sum = quarter == 0 ? own : quarters[0];
-#pragma unroll
-      for (int q = 1; q < Cfg::kWarpsPerGroup; ++q) {  // fixed order: every warp gets bitwise the same scores
-        const float4 v = quarter == q ? own : quarters[q * kNT * 32];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      s[nt][0] = sum.x;
-      s[nt][1] = sum.y;
-      s[nt][2] = sum.z;
-      s[nt][3] = sum.w;
-    }
+    add_quarter_scores<Cfg::kWarpsPerGroup>(s, partial, group, quarter, lane);
 
     // ---- mask, scale, online softmax (whole rows are in this warp) ----
     float alpha[2];

@@ -1,5 +1,5 @@
 // Torch-free entry points of the CUDA kernels. Each is explicitly instantiated once per dtype in
-// instantiations/{fp16,bf16,fp32}.cu; the CUDA backend (ops_cuda.cpp) calls them.
+// instantiations/{fp16,bf16,fp32}.cu (fp8 caches: fp8_{fp16,bf16}.cu); the CUDA backend (ops_cuda.cpp) calls them.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +21,15 @@ KernelChoice choose_kernel(const DecodeParams& params, const DeviceInfo& device)
 template <DType dtype>
 void launch_decode(const DecodeParams& params, const KernelChoice& kernel, const DeviceInfo& device,
                    cudaStream_t stream);
+
+// The same for a float8_e4m3fn cache (params.cache_format; fp16/bf16 queries), defined in launch_fp8_cache.cuh and
+// instantiated in instantiations/fp8_*.cu: the few- and mid-row fp8 kernel (blocks of 32 rows beyond 32). Throws for a
+// device whose shared memory holds none of its configurations.
+template <DType dtype>
+KernelChoice choose_fp8_cache_kernel(const DecodeParams& params, const DeviceInfo& device);
+template <DType dtype>
+void launch_decode_fp8_cache(const DecodeParams& params, const KernelChoice& kernel, const DeviceInfo& device,
+                             cudaStream_t stream);
 
 // Lays out a call's balanced work items ahead of its main kernel (the planner kernel: item_table and split_table,
 // bound in params; workspace.h planned_table_entries > 0), as launch_decode would for the chosen kernel. A later

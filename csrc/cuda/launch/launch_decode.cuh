@@ -283,6 +283,9 @@ bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const Devi
 template <DType dtype>
 KernelChoice choose_kernel(const DecodeParams& p, const DeviceInfo& d) {
   using T = typename ElementOf<dtype>::type;
+  if constexpr (dtype != DType::kFloat32) {
+    if (p.cache_format != CacheFormat::kNative) return choose_fp8_cache_kernel<dtype>(p, d);
+  }
   const bool hopper = sm90_kernel_enabled(d.major);
   if constexpr (dtype == DType::kFloat32) {
     if (!fp32_on_cuda_cores() && (detail::fits<Tf32Configs::Sm90>(d) || detail::fits<Tf32Configs::Sm80>(d))) {
@@ -318,6 +321,12 @@ template <DType dtype>
 void launch_decode(const DecodeParams& p, const KernelChoice& choice, const DeviceInfo& d, cudaStream_t stream) {
   using T = typename ElementOf<dtype>::type;
   bool launched = false;
+  if constexpr (dtype != DType::kFloat32) {
+    if (p.cache_format != CacheFormat::kNative) {
+      launch_decode_fp8_cache<dtype>(p, choice, d, stream);
+      return;
+    }
+  }
   if constexpr (dtype == DType::kFloat32) {
     if (choice.kernel == MainKernel::kFp32TensorCore) {
       launched = launch_first_fitting<Tf32Configs::Sm90, Tf32Configs::Sm80>(p, stream, d);

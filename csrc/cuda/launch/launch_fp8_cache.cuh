@@ -1,0 +1,84 @@
+// Calls on a float8_e4m3fn cache (launch.h: choose_fp8_cache_kernel, launch_decode_fp8_cache): the few- and mid-row
+// kernel that converts the stored bytes into its mma fragments (kernels/few_rows_fp8.cuh). The split planners and the
+// combine are those of a 16-bit cache of the same rows; only the main kernel and its configurations differ.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/kernels/few_rows_fp8.cuh"
+#include "cuda/launch/launch_decode.cuh"
+
+namespace mla::cuda {
+
+template <typename T, CacheFormat kCache, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
+struct KernelOf<Fp8DimSplitTile<T, kCache, kRowGroups, kKeyTile, kStages, kSm90Only>> {
+  static constexpr auto kernel =
+      decode_fp8_dim_split_kernel<Fp8DimSplitTile<T, kCache, kRowGroups, kKeyTile, kStages, kSm90Only>>;
+};
+
+// A stage holds 32 keys as stored (21 KB per block, 18.4 KB per tensor, against 36.9 KB for a 16-bit cache), so the
+// configurations keep twice the tiles in flight of the 16-bit ones they follow (launch_decode.cuh), in about the
+// same shared memory.
+template <typename T, CacheFormat kCache>
+struct Fp8CacheConfigs {
+  //                                     row groups, keys, stages, sm90-only
+  using FewRowsSm90 = Fp8DimSplitTile<T, kCache, 1, 32, 4, false>;  // two CTAs per Hopper SM
+  using FewRowsDeep = Fp8DimSplitTile<T, kCache, 1, 32, 8, true>;   // at most one CTA per SM: 7 tiles in flight
+  using FewRowsSm80 = Fp8DimSplitTile<T, kCache, 1, 32, 6, false>;
+  using MidRowsSm90 = Fp8DimSplitTile<T, kCache, 2, 32, 8, true>;
+  using MidRowsSm80 = Fp8DimSplitTile<T, kCache, 2, 32, 5, false>;
+  static_assert(2 * (FewRowsSm90::kSmemBytes + 1024) <= 233472, "two few-row CTAs per Hopper SM");
+  static_assert(FewRowsSm80::kSmemBytes <= 166912 && MidRowsSm80::kSmemBytes <= 166912, "sm_80 configs fit 163 KB");
+  static_assert(FewRowsDeep::kSmemBytes <= 232448 && MidRowsSm90::kSmemBytes <= 232448, "sm_90 configs fit 227 KB");
+};
+
+template <DType dtype>
+KernelChoice choose_fp8_cache_kernel(const DecodeParams& p, const DeviceInfo& d) {
+  using T = typename ElementOf<dtype>::type;
+  // Both formats take the same shared memory within a few KB: the per-block configurations decide.
+  using C = Fp8CacheConfigs<T, CacheFormat::kFp8PerBlock>;
+  const bool hopper = sm90_kernel_enabled(d.major);
+  // Over 32 rows per sequence the mid-row kernel runs blocks of 32 (adjacent CTAs: each tile is read from HBM once).
+  const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  if (rows <= kSmallRowTile && (detail::fits<typename C::FewRowsSm90>(d) || detail::fits<typename C::FewRowsSm80>(d))) {
+    return {MainKernel::kFewRows, kSmallRowTile, hopper};
+  }
+  if ((detail::fits<typename C::MidRowsSm90>(d) || detail::fits<typename C::MidRowsSm80>(d))) {
+    return {MainKernel::kMidRows, kMidRowTile, hopper};
+  }
+  throw std::runtime_error("float8_e4m3fn caches need " + std::to_string(C::FewRowsSm90::kSmemBytes) +
+                           " bytes of shared memory per block on CUDA; the device allows " +
+                           std::to_string(d.smem_optin));
+}
+
+template <DType dtype, CacheFormat kCache>
+bool launch_fp8_cache_with(const DecodeParams& p, const KernelChoice& choice, const DeviceInfo& d,
+                           cudaStream_t stream) {
+  using C = Fp8CacheConfigs<typename ElementOf<dtype>::type, kCache>;
+  if (choice.kernel == MainKernel::kMidRows) {
+    return launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80>(p, stream, d);
+  }
+  const bool lone_grid = p.balanced_target > 0 ? p.balanced_target <= d.sm_count
+                                               : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count;
+  if (choice.hopper && lone_grid) {  // as for 16-bit caches: deeper prefetch where the grid leaves SMs free
+    return launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80>(p, stream, d);
+  }
+  if (choice.hopper) return launch_first_fitting<typename C::FewRowsSm90, typename C::FewRowsSm80>(p, stream, d);
+  return launch_first_fitting<typename C::FewRowsSm80>(p, stream, d);
+}
+
+template <DType dtype>
+void launch_decode_fp8_cache(const DecodeParams& p, const KernelChoice& choice, const DeviceInfo& d,
+                             cudaStream_t stream) {
+  static_assert(dtype != DType::kFloat32, "fp8 caches take fp16 or bf16 queries");
+  const bool launched = p.cache_format == CacheFormat::kFp8PerTensor
+                            ? launch_fp8_cache_with<dtype, CacheFormat::kFp8PerTensor>(p, choice, d, stream)
+                            : launch_fp8_cache_with<dtype, CacheFormat::kFp8PerBlock>(p, choice, d, stream);
+  if (!launched) throw std::runtime_error("mla decode: internal error: no fp8-cache configuration fits the device");
+  count_launch(KernelPath::kPortable);
+}
+
+}  // namespace mla::cuda
