@@ -82,7 +82,7 @@ void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::opti
 template <class Backend>
 void check_cache_taken(const DecodeProblem& problem, const at::Tensor& q) {
   TORCH_CHECK(problem.cache_format == CacheFormat::kNative || Backend::kTakesFp8Cache, "mla.decode: this build's ",
-              q.device().type(), " kernels read float16, bfloat16 or float32 caches, ", "not float8_e4m3fn");
+              q.device().type(), " kernels read float16, bfloat16 or float32 caches, not float8_e4m3fn");
 }
 
 // A float8_e4m3fn cache on a backend that dequantises it: the backend dequantises what the call reads and its fp32

@@ -86,7 +86,7 @@ struct DecodeParams {
   float* out_partial;  // [B, S_q * H, num_splits, D]
   float* lse_partial;  // [B, S_q * H, num_splits], natural log; -inf for an empty split
 
-  // A float8_e4m3fn cache (CUDA: the few- and mid-row kernels): kv, and k_pe per tensor, hold e4m3 bytes (strides
+  // A float8_e4m3fn cache (CUDA: kernels/few_rows_fp8.cuh): kv, and k_pe per tensor, hold e4m3 bytes (strides
   // above in bytes). Per tensor kv_scale is [1]; per block [P, page_size, 4], row and page strides in floats.
   CacheFormat cache_format;
   const float* kv_scale;

@@ -1,7 +1,7 @@
 // mma fragments from float8_e4m3fn bytes and queries for the fp8-cache kernel (kernels/few_rows_fp8.cuh). Every e4m3
 // value is an fp16 value (4 significant bits, exponents -9 to 8), so the cache's values convert exactly and its mmas
 // run in fp16. bf16 queries go to fp16 scaled by a power of two that keeps the warp's largest value below 2^15: exact
-// but for values over 2^39 times smaller than that maximum, whose products the fp32 sums could not hold anyway.
+// down to 2^-29 of that maximum (fp16's subnormals below), far under what the fp32 sums resolve.
 #pragma once
 
 #include <cuda_bf16.h>

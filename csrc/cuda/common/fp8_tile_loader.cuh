@@ -29,7 +29,7 @@ struct Fp8StageLayout {
   static constexpr int kPeChunks = kRopeDim * kPeElementBytes / 16;              // 8 or 4 per key
   static constexpr int kPeOffset = kKeyTile * kHeadDim;                          // the rope region
   static constexpr int kScaleOffset = kPeOffset + kKeyTile * kPeChunks * 16;     // per block: the scale region
-  static constexpr int kBytes = kScaleOffset + (kPerBlock ? kKeyTile * 16 : 0);  // 576 or 656 per key
+  static constexpr int kBytes = kScaleOffset + (kPerBlock ? kKeyTile * 16 : 0);  // 576 or 656 bytes a key
   static_assert(kLatentChunks == 32 && kPeChunks < 32, "a chunk per lane");
 
   // Chunk `chunk` of key `key`'s latent bytes: keys 2 apart (P . V reads 4 of them) and neighbours (the scores read

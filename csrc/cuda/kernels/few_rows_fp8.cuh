@@ -1,5 +1,6 @@
-// Split-KV MLA decode main kernel for few query rows per sequence (H * S_q <= 32) on a float8_e4m3fn cache, fp16/bf16
-// queries, mma.sync. The dim-split schedule of few_rows.cuh; what differs is where the values come from:
+// Split-KV MLA decode main kernel on a float8_e4m3fn cache, fp16/bf16 queries, mma.sync: blocks of 16 or 32 query rows
+// (more rows per sequence run as several blocks). The dim-split schedule of few_rows.cuh; what differs is where the
+// values come from:
 //   - the stages hold keys as stored (fp8_tile_loader.cuh), and each warp converts the bytes it reads straight into
 //     fp16 mma fragments (fp8_fragments.cuh): no dequantised copy of a tile, so a stage costs half the shared memory
 //     and twice the tiles fit in flight.

@@ -46,7 +46,7 @@ KernelChoice choose_fp8_cache_kernel(const DecodeParams& p, const DeviceInfo& d)
   if (rows <= kSmallRowTile && (detail::fits<typename C::FewRowsSm90>(d) || detail::fits<typename C::FewRowsSm80>(d))) {
     return {MainKernel::kFewRows, kSmallRowTile, hopper};
   }
-  if ((detail::fits<typename C::MidRowsSm90>(d) || detail::fits<typename C::MidRowsSm80>(d))) {
+  if (detail::fits<typename C::MidRowsSm90>(d) || detail::fits<typename C::MidRowsSm80>(d)) {
     return {MainKernel::kMidRows, kMidRowTile, hopper};
   }
   throw std::runtime_error("float8_e4m3fn caches need " + std::to_string(C::FewRowsSm90::kSmemBytes) +
