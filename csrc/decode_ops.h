@@ -7,8 +7,8 @@
 //                               a plan from plan() holds the part of the workspace planned ahead
 //   plan(problem, options)      the int32 tables a decode call's schedule lays out from seq_lens ahead of its kernels,
 //                               for every call of a step that shares the arguments' shapes and seq_lens (may be empty)
-//   kTakesFp8Cache              whether it runs float8_e4m3fn caches: its kernels read them (params.cache_format), or,
-//   kDequantisesFp8Cache        where set, through
+//   kDequantisesFp8Cache        whether it runs float8_e4m3fn caches by dequantising them, through (otherwise its
+//                               kernels read them: params.cache_format)
 //   dequantize_cache(kv, k_pe, kv_scale, format, block_table, seq_lens)
 //                               the fp32 cache (and block table into it) that its fp32 kernels run instead
 //   merge_states(params, dtype)
@@ -78,19 +78,11 @@ template <class Backend>
 void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::optional<at::Tensor>& plan,
                  const at::Tensor& out, const at::Tensor& lse, bool values_checked = false);
 
-// Raises where the call's cache is float8_e4m3fn and the backend takes none.
-template <class Backend>
-void check_cache_taken(const DecodeProblem& problem, const at::Tensor& q) {
-  TORCH_CHECK(problem.cache_format == CacheFormat::kNative || Backend::kTakesFp8Cache, "mla.decode: this build's ",
-              q.device().type(), " kernels read float16, bfloat16 or float32 caches, not float8_e4m3fn");
-}
-
 // A float8_e4m3fn cache on a backend that dequantises it: the backend dequantises what the call reads and its fp32
 // kernels run the call (q widened, the output rounded back to q's dtype). Plans of such calls are empty.
 template <class Backend>
 void decode_fp8_cache(const DecodeCall& call, const DecodeProblem& problem, const std::optional<at::Tensor>& plan,
                       const at::Tensor& out, const at::Tensor& lse) {
-  check_cache_taken<Backend>(problem, call.q);
   if (plan.has_value()) check_plan_entries(*plan, 0);
   if constexpr (Backend::kDequantisesFp8Cache) {
     const auto cache = Backend::dequantize_cache(call.kv, call.k_pe, *call.kv_scale, problem.cache_format,
@@ -120,7 +112,6 @@ void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::opti
                  const at::Tensor& out, const at::Tensor& lse, bool values_checked) {
   if (!values_checked) check_strict_values<Backend>(problem, call.block_table, call.seq_lens);
   if (plan.has_value()) check_plan_tensor(*plan, call.q);
-  check_cache_taken<Backend>(problem, call.q);
   if (problem.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
     decode_fp8_cache<Backend>(call, problem, plan, out, lse);
     return;
@@ -192,7 +183,6 @@ at::Tensor plan(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& k
   const DecodeCall call{q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale};
   DecodeProblem problem = call.check();
   check_strict_values<Backend>(problem, block_table, seq_lens);
-  check_cache_taken<Backend>(problem, q);
   if (problem.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
     return at::empty({0}, q.options().dtype(at::kInt));
   }

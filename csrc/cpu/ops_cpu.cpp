@@ -26,7 +26,6 @@ struct CpuBackend {
     cpu::decode(p, problem.dtype);
   }
   // float8_e4m3fn caches: the pages a call reads, dequantised for the fp32 kernel (cpu/dequantize_cache.h).
-  static constexpr bool kTakesFp8Cache = true;
   static constexpr bool kDequantisesFp8Cache = true;
   static cpu::DequantizedCache dequantize_cache(const at::Tensor& kv, const at::Tensor& k_pe,
                                                 const at::Tensor& kv_scale, CacheFormat format,

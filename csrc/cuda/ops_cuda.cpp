@@ -55,8 +55,7 @@ struct CudaBackend {
     c10::cuda::CUDAGuard device_guard;
   };
 
-  // float8_e4m3fn caches: the few- and mid-row fp8 kernel converts them into its fragments (any row count)
-  static constexpr bool kTakesFp8Cache = true;
+  // float8_e4m3fn caches: the fp8 kernel (kernels/few_rows_fp8.cuh) converts them into its fragments
   static constexpr bool kDequantisesFp8Cache = false;
 
   static void check_strict_allowed() {

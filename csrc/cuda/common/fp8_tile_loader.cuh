@@ -1,7 +1,7 @@
-// The KV pipeline of a float8_e4m3fn cache (DecodeParams::cache_format), for the few- and mid-row fp8 kernel
-// (kernels/few_rows_fp8.cuh): tiles are copied as they are stored, half the bytes of a 16-bit cache per key, and the
-// kernel converts the values it reads into its mma fragments, so no converted copy of a tile is kept and the stages
-// can hold twice the tiles in flight.
+// The tile copies of a float8_e4m3fn cache (DecodeParams::cache_format) for KvPipeline (tile_loader.cuh), as the fp8
+// kernel (kernels/few_rows_fp8.cuh) reads them: tiles are copied as they are stored, half the bytes of a 16-bit cache
+// per key, and the kernel converts the values it reads into its mma fragments, so no converted copy of a tile is kept
+// and the stages can hold twice the tiles in flight.
 //
 // A stage holds a tile's keys as stored, in regions: the latent bytes [key][512], the rope [key][64 e4m3 or 64 T] and,
 // per block, the scales [key][4 fp32]. Their 16-byte chunks are XOR-swizzled by key so that the kernel's fragment
@@ -44,24 +44,17 @@ struct Fp8StageLayout {
   __device__ static __forceinline__ uint32_t scales(int key) { return static_cast<uint32_t>(kScaleOffset + key * 16); }
 };
 
-template <typename T, CacheFormat kFormat, int kRowTile, int kKeyTile, int kStages, int kThreads>
-struct Fp8KvPipeline {
+// KvPipeline's copier for an fp8 cache: the page lookups are those of a 16-bit cache (KvTileCopier), the copies lay
+// keys out as stored (Fp8StageLayout).
+template <typename T, CacheFormat kFormat, int kKeyTile, int kThreads>
+struct Fp8TileCopier : KvTileCopier<T, kKeyTile, kThreads> {
   static_assert(sizeof(T) == 2, "fp16 or bf16 queries");
-  static_assert(kStages >= 2, "pipeline depth");
+  using Base = KvTileCopier<T, kKeyTile, kThreads>;
+  using Base::kRowsPerWarp;
+  using Base::kWarps;
   using Stage = Fp8StageLayout<kFormat, T, kKeyTile>;
   static constexpr bool kPerBlock = Stage::kPerBlock;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kRowsPerWarp = kKeyTile / kWarps;
-  static_assert(kKeyTile % kWarps == 0 && kRowsPerWarp <= 32, "rows of a tile split evenly over warps");
   static constexpr int kStageBytes = Stage::kBytes;
-  static constexpr int kKvBytes = kStages * kStageBytes;
-  static constexpr int kValidBytes = (kStages * kKeyTile + 15) / 16 * 16;
-
-  uint8_t* kv_smem;  // [kStages][Stage::kBytes]
-  uint8_t* valid;    // [kStages][kKeyTile]: 1 where the key was loaded
-  PendingTile pending;
-
-  using Lookup = KvTileCopier<T, kKeyTile, kThreads>;  // the page lookups are those of a 16-bit cache
 
   // Key `row` of a stage from its latent, rope and scale rows (bytes 0: zero-filled, so an invisible key reads as 0,
   // never NaN).
@@ -105,35 +98,6 @@ struct Fp8KvPipeline {
       }
     }
   }
-
-  __device__ __forceinline__ void start(const DecodeParams& p, const CtaWork& w, uint8_t* q_smem) {
-    if (w.num_tiles == 0) return;
-    load_query_block<T, kRowTile, kThreads>(p, w, q_smem);
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < w.num_tiles) {
-        issue(p, Lookup::fetch_per_key(p, w, w.key_begin + s * kKeyTile), kv_smem + s * kStageBytes,
-              valid + s * kKeyTile);
-      }
-      cp_async_commit();
-    }
-    if (kStages - 1 < w.num_tiles) pending = Lookup::fetch(p, w, w.key_begin + (kStages - 1) * kKeyTile);
-  }
-
-  // Makes tile `tile` visible to every thread and queues tile + kStages - 1 into the stage freed by tile - 1.
-  __device__ __forceinline__ void advance(const DecodeParams& p, const CtaWork& w, int tile) {
-    const int next = tile + kStages - 1;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (next < w.num_tiles) {
-      issue(p, pending, kv_smem + (next % kStages) * kStageBytes, valid + (next % kStages) * kKeyTile);
-      if (next + 1 < w.num_tiles) pending = Lookup::fetch(p, w, w.key_begin + (next + 1) * kKeyTile);
-    }
-    cp_async_commit();
-  }
-
-  __device__ __forceinline__ const uint8_t* stage(int tile) const { return kv_smem + (tile % kStages) * kStageBytes; }
-  __device__ __forceinline__ const uint8_t* key_valid(int tile) const { return valid + (tile % kStages) * kKeyTile; }
 };
 
 }  // namespace mla::cuda

@@ -81,6 +81,7 @@ struct KvTileCopier {
   using L = RowLayout<T>;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRowsPerWarp = kKeyTile / kWarps;
+  static constexpr int kStageBytes = kKeyTile * L::kBytes;  // a tile in shared memory
   static_assert(kKeyTile % kWarps == 0 && kRowsPerWarp <= 32, "rows of a tile split evenly over warps");
   static_assert(L::kPeChunks <= 32, "one rotary chunk per lane");
 
@@ -162,14 +163,16 @@ struct KvTileCopier {
 // The page lookups of tile t + 1 are in flight while tile t is issued; the query block rides in the first commit
 // group with tile 0. A stage and its valid bytes are rewritten only after the barrier that ends their last use.
 // The start's kStages - 1 tiles take the per-key path: whole-page ones there made the lone few-row CTAs of 4 tiles
-// 10 % slower (docs/perf-log.md, v33, v34).
-template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads>
+// 10 % slower (docs/perf-log.md, v33, v34). Copier lays a tile out in its stage (KvTileCopier: 16-bit rows;
+// Fp8TileCopier in fp8_tile_loader.cuh: fp8 keys as stored).
+template <typename T, int kRowTile, int kKeyTile, int kStages, int kThreads,
+          class Copier_ = KvTileCopier<T, kKeyTile, kThreads>>
 struct KvPipeline {
-  using Copier = KvTileCopier<T, kKeyTile, kThreads>;
-  static constexpr int kStageBytes = kKeyTile * RowLayout<T>::kBytes;
+  using Copier = Copier_;
+  static constexpr int kStageBytes = Copier::kStageBytes;
   static constexpr int kValidBytes = (kStages * kKeyTile + 15) / 16 * 16;  // shared memory for the valid bytes
 
-  uint8_t* kv_smem;  // [kStages][kKeyTile][576] of T, swizzled rows
+  uint8_t* kv_smem;  // [kStages][kStageBytes]
   uint8_t* valid;    // [kStages][kKeyTile]: 1 where the key was loaded (visible for load purposes)
   PendingTile pending;
 

@@ -22,41 +22,21 @@
 #include "cuda/common/device_primitives.cuh"
 #include "cuda/common/fragment_softmax.cuh"
 #include "cuda/common/tile_loader.cuh"
+#include "cuda/kernels/dim_split_shape.cuh"
 #include "params.h"
 
 namespace mla::cuda {
 
-template <typename T, int kRowGroups_, int kKeyTile_, int kStages_, bool kSm90Only_>
-struct DimSplitTile {
-  using Element = T;
-  static constexpr int kRowGroups = kRowGroups_;
-  static constexpr int kRowTile = 16 * kRowGroups;
-  static constexpr int kWarpsPerGroup = 4;
-  static constexpr int kWarps = kRowGroups * kWarpsPerGroup;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeyTile = kKeyTile_;
-  static constexpr int kStages = kStages_;
-  static constexpr bool kSm90Only = kSm90Only_;
-  static constexpr bool kWalksRanges = true;  // balanced splits: walks ranges (several sequences per CTA)
+template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
+struct DimSplitTile : DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
+                                    KvTileCopier<T, kKeyTile, dim_split_threads<kRowGroups>()>> {
+  using Shape = DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
+                              KvTileCopier<T, kKeyTile, dim_split_threads<kRowGroups>()>>;
+  static constexpr int kKSteps = (kHeadDim + kRopeDim) / 16;           // 36
+  static constexpr int kWarpKSteps = kKSteps / Shape::kWarpsPerGroup;  // 9 per warp
 
-  static constexpr int kKSteps = (kHeadDim + kRopeDim) / 16;    // 36
-  static constexpr int kWarpKSteps = kKSteps / kWarpsPerGroup;  // 9 per warp
-  static constexpr int kKeyNTiles = kKeyTile / 8;
-  static constexpr int kWarpCols = kHeadDim / kWarpsPerGroup;  // 128
-  static constexpr int kColNTiles = kWarpCols / 8;
-
-  using Row = RowLayout<T>;
-  static constexpr int kQOffset = 0;
-  static constexpr int kKvOffset = kQOffset + kRowTile * Row::kBytes;
-  static constexpr int kPartialOffset = kKvOffset + kStages * kKeyTile * Row::kBytes;  // [warp][n-tile][lane] float4
-  static constexpr int kValidOffset = kPartialOffset + kWarps * kKeyNTiles * 32 * 16;
-  static constexpr int kSmemBytes = kValidOffset + KvPipeline<T, kRowTile, kKeyTile, kStages, kThreads>::kValidBytes;
-
-  static_assert(sizeof(T) == 2, "the tensor-core kernel takes fp16 or bf16");
-  static_assert(kKSteps % kWarpsPerGroup == 0, "K-dim steps split evenly over a group's warps");
-  static_assert(kKeyTile % 16 == 0, "key tile: whole k16 steps of P . V");
-  static_assert(kStages >= 2, "pipeline depth");
-  static_assert(ClusterMergeBuffer<kRowTile>::kBytes <= kStages * kKeyTile * Row::kBytes,
+  static_assert(kKSteps % Shape::kWarpsPerGroup == 0, "K-dim steps split evenly over a group's warps");
+  static_assert(ClusterMergeBuffer<Shape::kRowTile>::kBytes <= kStages * Shape::Pipeline::kStageBytes,
                 "a cluster merge stages the rows in the KV stages");
 };
 
@@ -88,8 +68,7 @@ __device__ __forceinline__ void decode_dim_split_body(const DecodeParams& p, con
     row_limit[half] = r < w.rows ? row_key_limit(p, w.seq_len, r) : 0;
   }
 
-  KvPipeline<T, Cfg::kRowTile, Cfg::kKeyTile, Cfg::kStages, Cfg::kThreads> pipe{
-      smem + Cfg::kKvOffset, smem + Cfg::kValidOffset, {}};
+  typename Cfg::Pipeline pipe{smem + Cfg::kKvOffset, smem + Cfg::kValidOffset, {}};
   pipe.start(p, w, q_smem);
 
   float acc[kCT][4];

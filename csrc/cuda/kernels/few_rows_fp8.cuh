@@ -26,47 +26,28 @@
 #include "cuda/common/fp8_tile_loader.cuh"
 #include "cuda/common/fragment_softmax.cuh"
 #include "cuda/common/tile_loader.cuh"
+#include "cuda/kernels/dim_split_shape.cuh"
 #include "params.h"
 
 namespace mla::cuda {
 
-template <typename T, CacheFormat kCache, int kRowGroups_, int kKeyTile_, int kStages_, bool kSm90Only_>
-struct Fp8DimSplitTile {
-  using Element = T;
+template <typename T, CacheFormat kCache, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
+struct Fp8DimSplitTile : DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
+                                       Fp8TileCopier<T, kCache, kKeyTile, dim_split_threads<kRowGroups>()>> {
+  using Shape = DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
+                              Fp8TileCopier<T, kCache, kKeyTile, dim_split_threads<kRowGroups>()>>;
   static constexpr CacheFormat kCacheFormat = kCache;
-  static constexpr int kRowGroups = kRowGroups_;
-  static constexpr int kRowTile = 16 * kRowGroups;
-  static constexpr int kWarpsPerGroup = 4;
-  static constexpr int kWarps = kRowGroups * kWarpsPerGroup;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeyTile = kKeyTile_;
-  static constexpr int kStages = kStages_;
-  static constexpr bool kSm90Only = kSm90Only_;
-  static constexpr bool kWalksRanges = true;  // balanced splits: walks ranges (several sequences per CTA)
+  static constexpr int kLatentSteps = Shape::kWarpCols / 16;  // 8 k16 steps: latent dims, output columns, one block
 
-  static constexpr int kWarpCols = kHeadDim / kWarpsPerGroup;  // 128: latent dims, output columns, one scale block
-  static constexpr int kLatentSteps = kWarpCols / 16;          // 8 k16 steps
-  static constexpr int kKeyNTiles = kKeyTile / 8;
-  static constexpr int kColNTiles = kWarpCols / 8;
-
-  using QRow = RowLayout<T>;
-  using Pipeline = Fp8KvPipeline<T, kCache, kRowTile, kKeyTile, kStages, kThreads>;
-  static constexpr int kQOffset = 0;
-  static constexpr int kKvOffset = kQOffset + kRowTile * QRow::kBytes;
-  static constexpr int kPartialOffset = kKvOffset + Pipeline::kKvBytes;  // [warp][n-tile][lane] float4
-  static constexpr int kValidOffset = kPartialOffset + kWarps * kKeyNTiles * 32 * 16;
-  static constexpr int kSmemBytes = kValidOffset + Pipeline::kValidBytes;
-
-  static_assert(sizeof(T) == 2, "fp16 or bf16 queries");
-  static_assert(kWarpCols == kFp8BlockValues && kRopeDim == 16 * kWarpsPerGroup, "a warp's share of the dims");
-  static_assert(kKeyTile % 16 == 0, "key tile: whole k16 steps of P . V");
+  static_assert(Shape::kWarpCols == kFp8BlockValues && kRopeDim == 16 * Shape::kWarpsPerGroup,
+                "a warp's share of the dims");
 };
 
 template <class Cfg>
 __device__ __forceinline__ void decode_fp8_dim_split_body(const DecodeParams& p, const CtaWork& w) {
   using T = typename Cfg::Element;
-  using QRow = typename Cfg::QRow;
-  using Stage = typename Cfg::Pipeline::Stage;
+  using QRow = typename Cfg::Row;
+  using Stage = typename Cfg::Pipeline::Copier::Stage;
   constexpr int kNT = Cfg::kKeyNTiles;
   constexpr int kCT = Cfg::kColNTiles;
   constexpr bool kPerBlock = Stage::kPerBlock;

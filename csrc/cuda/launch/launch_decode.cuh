@@ -265,6 +265,13 @@ void launch_decode_with(const DecodeParams& p, cudaStream_t stream, const Device
     detail::launch_combine<typename Cfg::Element>(p, stream, overlap, d.sm_count);
 }
 
+// Whether a few-row grid leaves SMs free: it gains more from deeper prefetch (one CTA per SM) than from a second
+// CTA per SM.
+inline bool few_row_grid_is_lone(const DecodeParams& p, const DeviceInfo& d) {
+  return p.balanced_target > 0 ? p.balanced_target <= d.sm_count
+                               : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count;
+}
+
 // Launches the first configuration that fits the device; false when none does.
 template <class Cfg, class... Fallbacks>
 bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const DeviceInfo& d) {
@@ -361,9 +368,7 @@ void launch_decode(const DecodeParams& p, const KernelChoice& choice, const Devi
         launched = launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80>(p, stream, d);
         break;
       default:
-        if (choice.hopper && (p.balanced_target > 0 ? p.balanced_target <= d.sm_count
-                                                    : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count)) {
-          // A grid that leaves SMs free gains more from deeper prefetch than from a second CTA per SM.
+        if (choice.hopper && few_row_grid_is_lone(p, d)) {
           launched = launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80, typename C::FewRowsCompact>(
               p, stream, d);
         } else if (choice.hopper) {

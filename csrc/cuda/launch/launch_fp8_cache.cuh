@@ -61,9 +61,7 @@ bool launch_fp8_cache_with(const DecodeParams& p, const KernelChoice& choice, co
   if (choice.kernel == MainKernel::kMidRows) {
     return launch_first_fitting<typename C::MidRowsSm90, typename C::MidRowsSm80>(p, stream, d);
   }
-  const bool lone_grid = p.balanced_target > 0 ? p.balanced_target <= d.sm_count
-                                               : static_cast<int64_t>(p.batch) * p.num_splits <= d.sm_count;
-  if (choice.hopper && lone_grid) {  // as for 16-bit caches: deeper prefetch where the grid leaves SMs free
+  if (choice.hopper && few_row_grid_is_lone(p, d)) {
     return launch_first_fitting<typename C::FewRowsDeep, typename C::FewRowsSm80>(p, stream, d);
   }
   if (choice.hopper) return launch_first_fitting<typename C::FewRowsSm90, typename C::FewRowsSm80>(p, stream, d);
