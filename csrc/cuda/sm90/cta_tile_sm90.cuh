@@ -49,6 +49,10 @@ struct Sm90Tile {
   static constexpr int kStaticSmemBytes = kBarriers * 8 + 4 * kRowTile * 4;
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
+  // Registers per thread at launch (__launch_bounds__(kThreads, 1), allocated in units of 8): 168. setmaxnreg moves
+  // registers only within the CTA's allocation, so the consumers can take no more than the producer gives away
+  // (256 x (232 - 168) = 128 x (168 - 40)); a consumer asking for more waits in its allocation loop for ever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   // Named barriers (0 is __syncthreads). kConsumerBarrier: the 256 consumer threads. kReadyBarrier + t % 2: one-way
   // signal "P_t and m_t are in shared memory" from the owner of tile t to the other warpgroup (256 threads).
   // kOwnerBarrier + c: warpgroup c alone (128 threads), between writing P (and zeroing V rows) and its own P . V.
@@ -74,7 +78,8 @@ struct Sm90Tile {
   static_assert(kSmemBytes + kStaticSmemBytes <= 232448, "fits Hopper's 227 KB per block");
   static_assert(ClusterMergeBuffer<kRowTile>::kBytes <= kKvOffset + kStages * kTileBytes,
                 "a cluster merge stages the rows over Q and the KV stages");
-  static_assert(kConsumerRegs * kConsumerThreads + kProducerRegs * 128 <= 65536, "register file");
+  static_assert(kConsumerThreads * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs),
+                "the consumers take no more registers than the producer frees");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
