@@ -85,7 +85,7 @@ void decode_fp8_cache(const DecodeCall& call, const DecodeProblem& problem, cons
                       const at::Tensor& out, const at::Tensor& lse) {
   if (plan.has_value()) check_plan_entries(*plan, 0);
   if constexpr (Backend::kDequantisesFp8Cache) {
-    const auto cache = Backend::dequantize_cache(call.kv, call.k_pe, *call.kv_scale, problem.cache_format,
+    const auto cache = Backend::dequantize_cache(call.kv, call.k_pe, *call.kv_scale, problem.params.cache_format,
                                                  call.block_table, call.seq_lens);
     const at::Tensor q = call.q.to(at::kFloat), q_pe = call.q_pe.to(at::kFloat);
     const at::Tensor out_fp32 = at::empty(out_shape(call.q), q.options());
@@ -112,7 +112,7 @@ void decode_into(const DecodeCall& call, DecodeProblem& problem, const std::opti
                  const at::Tensor& out, const at::Tensor& lse, bool values_checked) {
   if (!values_checked) check_strict_values<Backend>(problem, call.block_table, call.seq_lens);
   if (plan.has_value()) check_plan_tensor(*plan, call.q);
-  if (problem.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
+  if (problem.params.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
     decode_fp8_cache<Backend>(call, problem, plan, out, lse);
     return;
   }
@@ -183,7 +183,7 @@ at::Tensor plan(const at::Tensor& q, const at::Tensor& q_pe, const at::Tensor& k
   const DecodeCall call{q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale};
   DecodeProblem problem = call.check();
   check_strict_values<Backend>(problem, block_table, seq_lens);
-  if (problem.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
+  if (problem.params.cache_format != CacheFormat::kNative && Backend::kDequantisesFp8Cache) {
     return at::empty({0}, q.options().dtype(at::kInt));
   }
   if (!has_work(problem.params)) return at::empty({0}, q.options().dtype(at::kInt));

@@ -1,7 +1,7 @@
 """float8_e4m3fn caches with kv_scale, in the two layouts engines store (vLLM's per-tensor 576-byte token, FlashMLA's
 656-byte token with per-128 scales): results against the float64 reference of the dequantised cache, within the
 query dtype's tolerance; every page size, varlen, S_q/causal, head counts; errors; opcheck, compile and CUDA graphs.
-On CUDA the few- and mid-row fp8 kernel runs every row count (blocks of 32 rows beyond 32)."""
+On CUDA the few- and mid-row fp8 kernel runs every row count (blocks of 32 rows over 16 rows per sequence)."""
 
 from __future__ import annotations
 

@@ -129,11 +129,10 @@ DecodeProblem check_decode_args(const at::Tensor& q, const at::Tensor& q_pe, con
   }
   TORCH_CHECK(q_pe.scalar_type() == q.scalar_type(), "mla.decode: q_pe must have the dtype of q (", q.scalar_type(),
               "), got ", q_pe.scalar_type());
-  problem.cache_format = check_cache_format(q, kv, k_pe, kv_scale);
-  if (problem.cache_format != CacheFormat::kNative) {
-    problem.params.cache_format = problem.cache_format;
+  problem.params.cache_format = check_cache_format(q, kv, k_pe, kv_scale);
+  if (problem.params.cache_format != CacheFormat::kNative) {
     problem.params.kv_scale = kv_scale->data_ptr<float>();
-    if (problem.cache_format == CacheFormat::kFp8PerBlock) {
+    if (problem.params.cache_format == CacheFormat::kFp8PerBlock) {
       problem.params.kv_scale_page_stride = kv_scale->stride(0);
       problem.params.kv_scale_row_stride = kv_scale->stride(1);
     }

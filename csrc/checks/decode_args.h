@@ -14,8 +14,7 @@ namespace mla {
 // partials, which the backend sets once it has chosen the split and allocated the outputs.
 struct DecodeProblem {
   DecodeParams params;
-  DType dtype;                              // of q (and of the cache, except an fp8 one)
-  CacheFormat cache_format;                 // also in params
+  DType dtype;                              // of q (and of the cache, except an fp8 one: params.cache_format)
   bool q_has_seq_dim;                       // q was [B, S_q, H, D] (else [B, H, D])
   std::optional<int64_t> kv_len_per_split;  // the caller's choice, validated; nullopt = backend default
 };

@@ -30,8 +30,7 @@ namespace mla::cuda {
 template <typename T, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
 struct DimSplitTile : DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
                                     KvTileCopier<T, kKeyTile, dim_split_threads<kRowGroups>()>> {
-  using Shape = DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
-                              KvTileCopier<T, kKeyTile, dim_split_threads<kRowGroups>()>>;
+  using Shape = typename DimSplitTile::DimSplitShape;
   static constexpr int kKSteps = (kHeadDim + kRopeDim) / 16;           // 36
   static constexpr int kWarpKSteps = kKSteps / Shape::kWarpsPerGroup;  // 9 per warp
 

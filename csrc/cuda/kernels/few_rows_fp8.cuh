@@ -34,8 +34,7 @@ namespace mla::cuda {
 template <typename T, CacheFormat kCache, int kRowGroups, int kKeyTile, int kStages, bool kSm90Only>
 struct Fp8DimSplitTile : DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
                                        Fp8TileCopier<T, kCache, kKeyTile, dim_split_threads<kRowGroups>()>> {
-  using Shape = DimSplitShape<T, kRowGroups, kKeyTile, kStages, kSm90Only,
-                              Fp8TileCopier<T, kCache, kKeyTile, dim_split_threads<kRowGroups>()>>;
+  using Shape = typename Fp8DimSplitTile::DimSplitShape;
   static constexpr CacheFormat kCacheFormat = kCache;
   static constexpr int kLatentSteps = Shape::kWarpCols / 16;  // 8 k16 steps: latent dims, output columns, one block
 

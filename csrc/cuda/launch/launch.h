@@ -23,8 +23,8 @@ void launch_decode(const DecodeParams& params, const KernelChoice& kernel, const
                    cudaStream_t stream);
 
 // The same for a float8_e4m3fn cache (params.cache_format; fp16/bf16 queries), defined in launch_fp8_cache.cuh and
-// instantiated in instantiations/fp8_*.cu: the few- and mid-row fp8 kernel (blocks of 32 rows beyond 32). Throws for a
-// device whose shared memory holds none of its configurations.
+// instantiated in instantiations/fp8_*.cu: the few- and mid-row fp8 kernel (blocks of 32 rows over 16 rows per
+// sequence). Throws for a device whose shared memory holds none of its configurations.
 template <DType dtype>
 KernelChoice choose_fp8_cache_kernel(const DecodeParams& params, const DeviceInfo& device);
 template <DType dtype>
