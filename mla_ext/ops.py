@@ -113,7 +113,7 @@ def plan(
     Make it after ``seq_lens`` hold the step's lengths: a call reads ``seq_lens`` again, and a plan from other
     lengths gives wrong results. A plan made for other shapes raises.
     The tensor may be empty where the call needs nothing planned ahead (CPU, up to 32 query rows per sequence, one
-    sequence, a fixed ``kv_len_per_split``, an fp8 cache).
+    sequence, a fixed ``kv_len_per_split``, an fp8 cache outside Hopper's sm_90a kernel).
     """
     return torch.ops.mla.plan(q, q_pe, kv, k_pe, sm_scale, kv_len_per_split, block_table, seq_lens, causal, kv_scale)
 

@@ -1,7 +1,9 @@
 """float8_e4m3fn caches with kv_scale, in the two layouts engines store (vLLM's per-tensor 576-byte token, FlashMLA's
 656-byte token with per-128 scales): results against the float64 reference of the dequantised cache, within the
 query dtype's tolerance; every page size, varlen, S_q/causal, head counts; errors; opcheck, compile and CUDA graphs.
-On CUDA the few- and mid-row fp8 kernel runs every row count (blocks of 32 rows over 16 rows per sequence)."""
+On CUDA the few- and mid-row fp8 kernel runs every row count (blocks of 32 rows over 16 rows per sequence); on Hopper
+the sm_90a kernel takes per-tensor caches over 16 rows per sequence where its layout rules allow (pages of 64 keys or
+more)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from tests.reference import decode_reference
 from tests.support.axes import DEVICES, DTYPE_IDS, DTYPES_16, requires_cuda
 from tests.support.checks import assert_matches_reference
 from tests.support.graphs import capture
+from tests.support.launch_paths import PORTABLE, SM90, launches_during, requires_hopper
 from tests.support.make_inputs import FP8, empty_outputs_like, make_problem, to_fp8_cache, varlen_lens
 
 FORMATS = {"per-tensor": False, "per-block": True}
@@ -51,14 +54,16 @@ FAR_QUERIES = [(torch.bfloat16, 2.0**14), (torch.bfloat16, 2.0**-12), (torch.flo
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page_size", [16, 64])
 @pytest.mark.parametrize("num_heads", [16, 32, 128])
 @pytest.mark.parametrize("dtype, q_factor", FAR_QUERIES, ids=["bf16-q2^14", "bf16-q2^-12", "fp16-q2^-12"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_fp8_cache_far_scales(fmt, dtype, q_factor, num_heads, device, gen):
-    """Queries far from 1 (sm_scale compensating) and, per block, scales 2^-10 to 2^4 apart from key to key: the CUDA
-    kernel's fp16 mmas take them through powers of two."""
+def test_fp8_cache_far_scales(fmt, dtype, q_factor, num_heads, page_size, device, gen):
+    """Queries far from 1 (sm_scale compensating) and, per block, scales 2^-10 to 2^4 apart from key to key: the
+    few-row kernel's fp16 mmas take them through powers of two, the sm_90a kernel (128 heads, pages of 64) in q's
+    dtype."""
     problem = fp8_problem(gen, FORMATS[fmt], dtype, device=device, lens=varlen_lens(gen, 3, 300),
-                          num_heads=num_heads, page_size=16)  # fmt: skip
+                          num_heads=num_heads, page_size=page_size)  # fmt: skip
     problem.q.mul_(q_factor)
     problem.q_pe.mul_(q_factor)
     if FORMATS[fmt]:
@@ -118,11 +123,38 @@ def test_fp8_cache_argument_errors(gen):
         mla_ext.decode(q, q_pe, kv.to(torch.float8_e5m2), k_pe, **kw)
 
 
+@requires_hopper
+@pytest.mark.parametrize("num_heads, seqlen_q", [(128, 1), (64, 2), (32, 1), (16, 3)])
+@pytest.mark.parametrize("page_size", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=DTYPE_IDS.get)
+def test_fp8_cache_on_hopper_kernel(dtype, page_size, num_heads, seqlen_q, gen):
+    """Per-tensor caches over 16 rows per sequence run the sm_90a kernel on Hopper, per call and with a step's plan,
+    on ragged lengths (partial last tiles, NaN past them) from 0 to several splits' worth of keys."""
+    lens = [4100, 0, 1, 63, 64, 65, 700, 2049]
+    problem = fp8_problem(gen, False, dtype, device="cuda", lens=lens, num_heads=num_heads, seqlen_q=seqlen_q,
+                          causal=seqlen_q > 1, page_size=page_size)  # fmt: skip
+    ref_out, ref_lse = decode_reference(*problem.args(), **problem.reference_kwargs())
+    out, lse = empty_outputs_like(problem.q)
+    _, launches = launches_during(
+        lambda: mla_ext.decode(*problem.args(), **problem.kwargs(), out=out, lse=lse)
+    )  # fmt: skip
+    assert launches[SM90] == 1 and launches[PORTABLE] == 0, launches
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"page {page_size}")
+    plan = mla_ext.plan(*problem.args(), **problem.kwargs())
+    out.fill_(float("nan"))
+    mla_ext.decode(*problem.args(), **problem.kwargs(plan=plan), out=out, lse=lse)
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype, f"page {page_size}, planned")
+    fixed = mla_ext.decode(*problem.args(), **problem.kwargs(kv_len_per_split=1024), return_lse=True)
+    assert_matches_reference(*fixed, ref_out, ref_lse, dtype, "split 1024")
+
+
 @requires_cuda
+@pytest.mark.parametrize("num_heads, page_size", [(16, 16), (128, 64)])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_fp8_cache_in_cuda_graph(fmt, gen):
+def test_fp8_cache_in_cuda_graph(fmt, num_heads, page_size, gen):
     """A captured call follows new seq_lens and new cache values on replay."""
-    problem = fp8_problem(gen, FORMATS[fmt], device="cuda", lens=[300, 17, 0, 150], num_heads=16, page_size=16)
+    problem = fp8_problem(gen, FORMATS[fmt], device="cuda", lens=[300, 17, 0, 150], num_heads=num_heads,
+                          page_size=page_size)  # fmt: skip
     out, lse = empty_outputs_like(problem.q)
     graph, _, _ = capture(lambda: mla_ext.decode(*problem.args(), **problem.kwargs(), out=out, lse=lse))
     for lens in ([300, 17, 0, 150], [150, 1, 0, 149]):  # shorter only: the slots past the first lengths are NaN

@@ -2,7 +2,7 @@
 #include "cuda/sm90/launch_sm90.cuh"
 
 namespace mla::cuda {
-template Sm90Launch launch_decode_sm90<DType::kFloat16>(const DecodeParams&, cudaStream_t, const DeviceInfo&);
-template bool sm90_kernel_ready<DType::kFloat16>(int);
+template Sm90Launch launch_decode_sm90<DType::kFloat16, false>(const DecodeParams&, cudaStream_t, const DeviceInfo&);
+template bool sm90_kernel_ready<DType::kFloat16, false>(int);
 template bool sm90_pairs_items<DType::kFloat16>(const DecodeParams&, const DeviceInfo&);
 }  // namespace mla::cuda

@@ -387,8 +387,10 @@ void launch_plan(const DecodeParams& params, const KernelChoice& choice, const D
   if (params.item_table == nullptr) throw std::runtime_error("mla plan: internal error: the call plans no work items");
   DecodeParams p = params;
   if constexpr (dtype != DType::kFloat32) {
-    // the sm_90a launcher pairs items the same way for the same call
-    if (choice.kernel == MainKernel::kSm90) p.item_pairs_in_cluster = sm90_pairs_items<dtype>(p, d);
+    // the sm_90a launcher pairs items the same way for the same call (never on an fp8 cache)
+    if (choice.kernel == MainKernel::kSm90 && p.cache_format == CacheFormat::kNative) {
+      p.item_pairs_in_cluster = sm90_pairs_items<dtype>(p, d);
+    }
   }
   launch_work_item_plan(p, stream, d.major >= 9 && use_programmatic_launch(p));
 }

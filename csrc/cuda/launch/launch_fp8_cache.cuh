@@ -1,6 +1,8 @@
 // Calls on a float8_e4m3fn cache (launch.h: choose_fp8_cache_kernel, launch_decode_fp8_cache): the few- and mid-row
-// kernel that converts the stored bytes into its mma fragments (kernels/few_rows_fp8.cuh). The split planners and the
-// combine are those of a 16-bit cache of the same rows; only the main kernel and its configurations differ.
+// kernel that converts the stored bytes into its mma fragments (kernels/few_rows_fp8.cuh), or on Hopper, over 16 rows
+// per sequence of a cache stored per tensor, the sm_90a kernel, whose producer converts each tile in shared memory
+// once for 64 rows (sm90/fp8_tiles_sm90.cuh). The split planners and the combine are those of a 16-bit cache of the
+// same rows; only the main kernel and its configurations differ.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +12,7 @@
 
 #include "cuda/kernels/few_rows_fp8.cuh"
 #include "cuda/launch/launch_decode.cuh"
+#include "cuda/sm90/launch_sm90.h"
 
 namespace mla::cuda {
 
@@ -41,8 +44,15 @@ KernelChoice choose_fp8_cache_kernel(const DecodeParams& p, const DeviceInfo& d)
   // Both formats take the same shared memory within a few KB: the per-block configurations decide.
   using C = Fp8CacheConfigs<T, CacheFormat::kFp8PerBlock>;
   const bool hopper = sm90_kernel_enabled(d.major);
-  // Over 32 rows per sequence the mid-row kernel runs blocks of 32 (adjacent CTAs: each tile is read from HBM once).
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  // Hopper's kernel converts each tile once for its 64 rows; per tensor only (per-block scales would have to be
+  // applied to the values, rounding them to 16 bits).
+  if (hopper && p.cache_format == CacheFormat::kFp8PerTensor && sm90_takes_layout(p) &&
+      sm90_kernel_ready<dtype, true>(d.device)) {
+    return {MainKernel::kSm90, kLargeRowTile, hopper};
+  }
+  // Elsewhere over 16 rows per sequence the mid-row kernel runs blocks of 32 (adjacent CTAs: each tile is read from
+  // HBM once, but converted by each).
   if (rows <= kSmallRowTile && (detail::fits<typename C::FewRowsSm90>(d) || detail::fits<typename C::FewRowsSm80>(d))) {
     return {MainKernel::kFewRows, kSmallRowTile, hopper};
   }
@@ -72,6 +82,18 @@ template <DType dtype>
 void launch_decode_fp8_cache(const DecodeParams& p, const KernelChoice& choice, const DeviceInfo& d,
                              cudaStream_t stream) {
   static_assert(dtype != DType::kFloat32, "fp8 caches take fp16 or bf16 queries");
+  if (choice.kernel == MainKernel::kSm90) {
+    if (!launch_decode_sm90<dtype, true>(p, stream, d).launched) {
+      throw std::runtime_error(
+          "mla decode: the sm_90a kernel cannot launch (the driver refused the fp8 cache's tensor maps, or too many "
+          "work items)");
+    }
+    count_launch(KernelPath::kSm90);
+    if (p.num_splits > 1 || p.balanced_target > 0) {
+      detail::launch_combine<typename ElementOf<dtype>::type>(p, stream, use_programmatic_launch(p), d.sm_count);
+    }
+    return;
+  }
   const bool launched = p.cache_format == CacheFormat::kFp8PerTensor
                             ? launch_fp8_cache_with<dtype, CacheFormat::kFp8PerTensor>(p, choice, d, stream)
                             : launch_fp8_cache_with<dtype, CacheFormat::kFp8PerBlock>(p, choice, d, stream);

@@ -47,6 +47,11 @@
 // No deadlock: the releases of tile t wait only for copies of tiles <= t + 1 (S_{t+1} before WG1 frees half 1 of
 // t), and the producer issues those before it waits for the releases of t.
 //
+// On a float8_e4m3fn cache stored per tensor (kFp8Cache) the copy brings a part's e4m3 bytes into the back of its
+// space and all 128 producer threads convert them in place into the same layout (fp8_tiles_sm90.cuh); a full barrier
+// then counts their 128 arrivals. The consumers differ only in the scale: kv_scale joins the softmax scale and
+// multiplies the output.
+//
 // Masks: a tile lies in one page (the launcher guarantees page_size % 64 == 0 or a dense cache, and splits that
 // start on 64-key boundaries). A tile whose page is outside [0, P) is never loaded and skipped by everyone. Keys at
 // or past the CTA's key_end (seq_len, split end, causal limit of the last row) may hold NaN in the cache: scores
@@ -61,6 +66,7 @@
 #include "cuda/common/decode_work.cuh"
 #include "cuda/common/device_primitives.cuh"
 #include "cuda/sm90/cta_tile_sm90.cuh"
+#include "cuda/sm90/fp8_tiles_sm90.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "params.h"
@@ -126,6 +132,67 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
       // the cache maps' third coordinate counts 64-column blocks: k_pe is block 0 of its own map
       tma_load_4d(dst + block * C::kBlockBytes, latent ? kv_map : k_pe_map, full, 0, row_in_page, latent ? block : 0,
                   page);
+    }
+  }
+}
+
+// Producer on an fp8 cache (fp8_tiles_sm90.cuh), the whole warpgroup: tile t into stage t % 2, part by part in the
+// order and after the same waits as produce_tiles. Thread 0 copies a part's e4m3 bytes into the back of its space
+// (raw[stage][part], count 1 + the bytes) and asks L2 for the tiles Fp8Tile::kPrefetchTiles ahead; then every thread
+// converts the part in place and arrives on its full barrier (count 128) once its stores are visible to wgmma. A tile
+// whose page is not loaded gets bare arrivals on both, so each barrier completes once per use of its stage.
+template <typename T>
+__device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
+                                                  const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
+                                                  uint32_t empty_bar, uint32_t raw_bar, int thread) {
+  using F = Fp8Tile;
+  const bool issuer = thread == 0;
+  const auto prefetch = [&](int tile) {
+    int row_in_page = 0;
+    const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
+    if (page < 0) return;
+    tma_prefetch_4d(kv_map, 0, row_in_page, 0, page);
+    tma_prefetch_4d(kv_map, 0, row_in_page, C::kHalfBlocks, page);
+    tma_prefetch_4d(k_pe_map, 0, row_in_page, 0, page);
+  };
+  if (issuer) {
+    prefetch_tensor_map(kv_map);
+    prefetch_tensor_map(k_pe_map);
+    for (int tile = 0; tile < min(F::kPrefetchTiles, w.num_tiles); ++tile) prefetch(tile);
+  }
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int stage = tile % C::kStages;
+    const int use = tile / C::kStages;
+    if (issuer && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
+    int row_in_page = 0;
+    const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
+    const uint32_t dst = kv_smem + stage * C::kTileBytes;
+#pragma unroll
+    for (int part = 0; part < C::kParts; ++part) {
+      const int block = C::part_block(stage, part);
+      const bool latent = part < C::kHalves;
+      const uint32_t space = dst + block * C::kBlockBytes;
+      const uint32_t raw = raw_bar + 8 * (stage * C::kParts + part);
+      if (use > 0 && latent) mbarrier_wait(empty_barrier(empty_bar, stage, block / C::kHalfBlocks), (use - 1) & 1);
+      if (issuer) {
+        if (page < 0) {
+          mbarrier_arrive(raw);
+        } else {
+          mbarrier_arrive_expect_tx(raw, latent ? C::kHalfBlocks * F::kRawBlockBytes : F::kRawBlockBytes);
+          tma_load_4d(space + (latent ? F::kHalfRawOffset : F::kRopeRawOffset), latent ? kv_map : k_pe_map, raw, 0,
+                      row_in_page, latent ? block : 0, page);
+        }
+      }
+      if (page >= 0) {
+        mbarrier_wait(raw, use & 1);
+        if (latent) {
+          fp8_detail::convert_half_in_place<T>(space, thread);
+        } else {
+          fp8_detail::convert_rope_in_place<T>(space, thread);
+        }
+        fence_proxy_async();  // generic-proxy stores, read by wgmma
+      }
+      mbarrier_arrive(full_barrier(full_bar, tile, part));
     }
   }
 }
@@ -340,7 +407,7 @@ __device__ __forceinline__ void other_tile(int tile, bool loaded, int warp_row, 
   }
 }
 
-template <typename T, bool kMergeInCluster, bool kEarlyScores>
+template <typename T, bool kMergeInCluster, bool kEarlyScores, bool kFp8Cache>
 __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWork& w, uint8_t* smem, uint32_t base,
                                               uint32_t full_bar, uint32_t empty_bar, float (*published)[64],
                                               float (*red_sum)[64]) {
@@ -351,7 +418,8 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   const int warp_row = (tid >> 5) * 16 + (lane >> 2);  // accumulator rows warp_row and warp_row + 8
   const uint32_t q_smem = base + C::kQOffset;
   const uint32_t kv_smem = base + C::kKvOffset;
-  const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+  // An fp8 cache's tiles hold its values unscaled: the per-tensor scale multiplies the scores and the output.
+  const float scale_log2 = p.sm_scale * (kFp8Cache ? *p.kv_scale : 1.f) * 1.4426950408889634f;
   const int n = w.num_tiles;
 
   // Keys a row may see in this CTA: [key_begin, limit). Padding rows (zero queries, results never written) see the
@@ -441,6 +509,12 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
   fence_registers(acc);
   // After an odd count both warpgroups left the loop before freeing their half of the last tile (n - 1, even).
   if (n & 1) release_half(empty_bar, n - 1, cw, lane);
+  if constexpr (kFp8Cache) {
+    // read again, not held through the loop (a volatile load: the first one is not reused)
+    const float kv_scale = *static_cast<const volatile float*>(p.kv_scale);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] *= kv_scale;
+  }
 
   if (kMergeInCluster && piece_merges_in_cluster(p, w)) {
     merge_rows_in_cluster<T>(p, w, acc, row_max, row_sum, red_sum, cw, warp_row, lane, smem + C::kQOffset);
@@ -459,13 +533,17 @@ __device__ __forceinline__ void consume_tiles(const DecodeParams& p, const CtaWo
 // kEarlyScores: warpgroup 0 issues the first half of S(a + 2) behind its P . V(b) instead of after it completes;
 // 2-4 % faster where a sequence's row blocks share its tiles in L2 (128 heads, or several query tokens), ~2 % slower
 // with one row block (64 heads; perf-log v60, v61), so the launcher picks it by row blocks per sequence.
-template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false>
+// kFp8Cache: the cache is float8_e4m3fn per tensor (its tensor maps describe bytes); the producer warpgroup converts
+// its tiles.
+template <typename T, bool kMergeInCluster = false, bool kEarlyScores = false, bool kFp8Cache = false>
 __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map,
                        const __grid_constant__ CUtensorMap k_pe_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Tile;
-  __shared__ __align__(8) uint64_t barriers[C::kBarriers];  // full[stage][part], empty[stage][half]
+  static_assert(!(kFp8Cache && kMergeInCluster), "fp8 caches run without clusters");
+  // full[stage][part], empty[stage][half], and on an fp8 cache raw[stage][part]
+  __shared__ __align__(8) uint64_t barriers[C::kBarriers + (kFp8Cache ? C::kStages * C::kParts : 0)];
   __shared__ float published[2][64];  // [owner warpgroup][row]: running max after the owner's latest tile
   __shared__ float red_sum[2][64];    // [consumer warpgroup][row]: final row-sum shares
   extern __shared__ __align__(1024) uint8_t dynamic_smem[];
@@ -474,13 +552,18 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   uint8_t* smem = dynamic_smem + (base - raw);
   const uint32_t full_bar = smem_u32(&barriers[0]);
   const uint32_t empty_bar = smem_u32(&barriers[C::kStages * C::kParts]);
+  const uint32_t raw_bar = smem_u32(&barriers[C::kBarriers]);  // (fp8 caches only)
 
   wait_for_previous_grid();  // launched with programmatic dependent launch: inputs may come from the kernel before
   allow_next_grid_launch();
   const CtaWork w = single_cta_work<C::kRowTile, C::kKeyTile, kMergeInCluster>(p);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int b = 0; b < C::kStages * C::kParts; ++b) mbarrier_init(full_bar + 8 * b, 1);  // producer (+ TMA bytes)
+    for (int b = 0; b < C::kStages * C::kParts; ++b) {
+      // the producer thread (+ TMA bytes), or every converting thread of an fp8 cache's
+      mbarrier_init(full_bar + 8 * b, kFp8Cache ? Fp8Tile::kThreads : 1);
+      if (kFp8Cache) mbarrier_init(raw_bar + 8 * b, 1);  // the copying thread (+ TMA bytes)
+    }
     for (int b = 0; b < C::kStages * C::kHalves; ++b) mbarrier_init(empty_bar + 8 * b, C::kHalfWarps);  // per warp
     fence_barrier_init();
   }
@@ -488,11 +571,17 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x == 0) detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
+    if constexpr (kFp8Cache) {
+      detail::produce_fp8_tiles<T>(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar, raw_bar,
+                                   static_cast<int>(threadIdx.x));
+    } else if (threadIdx.x == 0) {
+      detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
+    }
     if (kMergeInCluster && piece_merges_in_cluster(p, w)) join_cluster_merge();
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    detail::consume_tiles<T, kMergeInCluster, kEarlyScores>(p, w, smem, base, full_bar, empty_bar, published, red_sum);
+    detail::consume_tiles<T, kMergeInCluster, kEarlyScores, kFp8Cache>(p, w, smem, base, full_bar, empty_bar, published,
+                                                                       red_sum);
   }
 #endif
 }

@@ -46,25 +46,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // The kernel with or without warpgroup 0's early scores. Both schedules are built together and take the same
 // resources (ptxas: 168 registers and the same shared memory), so a check made on one holds for the other.
-template <typename T, bool kMergeInCluster>
+template <typename T, bool kMergeInCluster, bool kFp8Cache = false>
 auto decode_kernel(bool early_scores) {
-  return early_scores ? sm90::decode_sm90_kernel<T, kMergeInCluster, true>
-                      : sm90::decode_sm90_kernel<T, kMergeInCluster, false>;
+  return early_scores ? sm90::decode_sm90_kernel<T, kMergeInCluster, true, kFp8Cache>
+                      : sm90::decode_sm90_kernel<T, kMergeInCluster, false, kFp8Cache>;
 }
 
 // Whether this build holds the kernel's sm_90a code for `device` (an sm_80 or PTX-only build compiles an empty
 // body without the static shared memory), and the dynamic shared-memory limit of both its schedules is raised. Once
 // per device.
-template <typename T, bool kMergeInCluster>
+template <typename T, bool kMergeInCluster, bool kFp8Cache = false>
 bool kernel_ready(int device) {
   static std::atomic<int> state[kMaxDevices] = {};
   return remembered_for_device(state, device, [] {
            cudaFuncAttributes attr{};
-           bool ready = cudaFuncGetAttributes(&attr, decode_kernel<T, kMergeInCluster>(false)) == cudaSuccess &&
-                        attr.binaryVersion >= 90 &&
-                        attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
+           bool ready =
+               cudaFuncGetAttributes(&attr, decode_kernel<T, kMergeInCluster, kFp8Cache>(false)) == cudaSuccess &&
+               attr.binaryVersion >= 90 && attr.sharedSizeBytes >= static_cast<size_t>(Sm90Tile::kStaticSmemBytes);
            for (const bool early_scores : {false, true}) {
-             ready = ready && cudaFuncSetAttribute(decode_kernel<T, kMergeInCluster>(early_scores),
+             ready = ready && cudaFuncSetAttribute(decode_kernel<T, kMergeInCluster, kFp8Cache>(early_scores),
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    Sm90Tile::kSmemBytes) == cudaSuccess;
            }
@@ -74,14 +74,16 @@ bool kernel_ready(int device) {
 }
 
 // A cache [P, page_size, width] (row and page strides in elements) as a 4-D tensor map [P, width / 64, page_size,
-// 64]: a box of 64 rows x `blocks` 64-column blocks lands block after block (8 KB each, 128-byte swizzle), the layout
-// the kernel's operand tiles use, so one copy fills a whole part of a stage. Rows past page_size read as zeros.
-template <typename T>
+// 64]: a box of 64 rows x `blocks` 64-column blocks lands block after block. A 16-bit cache's blocks take 8 KB each
+// in the 128-byte swizzle, the layout the kernel's operand tiles use, so one copy fills a whole part of a stage; an
+// fp8 cache's (bytes) 4 KB each, unswizzled, for the producer to convert (fp8_tiles_sm90.cuh). Rows past page_size
+// read as zeros.
+template <typename T, bool kFp8Cache>
 bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks, int64_t row_stride,
                       int64_t page_stride, const DecodeParams& p) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  constexpr int64_t kElement = 2;
+  constexpr int64_t kElement = kFp8Cache ? 1 : 2;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Sm90Tile::kBlockCols), static_cast<cuuint64_t>(p.page_size),
                               static_cast<cuuint64_t>(width / Sm90Tile::kBlockCols),
                               static_cast<cuuint64_t>(p.num_pages)};
@@ -90,11 +92,13 @@ bool encode_cache_map(CUtensorMap* map, const void* data, int width, int blocks,
                                  static_cast<cuuint64_t>(page_stride * kElement)};
   const cuuint32_t box[4] = {Sm90Tile::kBlockCols, Sm90Tile::kKeyTile, static_cast<cuuint32_t>(blocks), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = kFp8Cache                          ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result =
       encode(map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             kFp8Cache ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS;
 }
 
@@ -136,7 +140,8 @@ bool pair_items_in_cluster(const DecodeParams& p, int64_t ctas, const DeviceInfo
 
 // How the kernel would launch a call, decided once for launch_decode_sm90 and sm90_pairs_items: not at all (runs
 // false: the grid is too large or the driver refuses the caches' tensor maps, and the caller falls back), else its
-// CTAs, tensor maps and use of clusters of two (merging a fixed split's two pieces, or pairing work items).
+// CTAs, tensor maps and use of clusters of two (merging a fixed split's two pieces, or pairing work items). An fp8
+// cache runs without clusters.
 struct LaunchShape {
   bool runs = false;
   int64_t ctas = 0;
@@ -145,20 +150,22 @@ struct LaunchShape {
   bool item_pairs = false;
 };
 
-template <typename T>
+template <typename T, bool kFp8Cache = false>
 LaunchShape launch_shape(const DecodeParams& p, const DeviceInfo& d) {
   LaunchShape shape;
   const int64_t rows = static_cast<int64_t>(p.seqlen_q) * p.num_heads;
   shape.ctas = (rows + Sm90Tile::kRowTile - 1) / Sm90Tile::kRowTile * work_items(p);
   if (p.batch == 0 || shape.ctas > INT_MAX) return shape;
-  if (!encode_cache_map<T>(&shape.kv_map, p.kv, kHeadDim, Sm90Tile::kHalfBlocks, p.kv_row_stride, p.kv_page_stride,
-                           p) ||
-      !encode_cache_map<T>(&shape.k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
+  if (!encode_cache_map<T, kFp8Cache>(&shape.kv_map, p.kv, kHeadDim, Sm90Tile::kHalfBlocks, p.kv_row_stride,
+                                      p.kv_page_stride, p) ||
+      !encode_cache_map<T, kFp8Cache>(&shape.k_pe_map, p.k_pe, kRopeDim, 1, p.k_pe_row_stride, p.k_pe_page_stride, p)) {
     return shape;
   }
   shape.runs = true;
-  shape.merged = merge_fixed_split_in_cluster<T>(p, shape.ctas, d);
-  shape.item_pairs = !shape.merged && pair_items_in_cluster<T>(p, shape.ctas, d);
+  if constexpr (!kFp8Cache) {
+    shape.merged = merge_fixed_split_in_cluster<T>(p, shape.ctas, d);
+    shape.item_pairs = !shape.merged && pair_items_in_cluster<T>(p, shape.ctas, d);
+  }
   return shape;
 }
 
@@ -169,20 +176,20 @@ bool sm90_pairs_items(const DecodeParams& p, const DeviceInfo& d) {
   return sm90_detail::launch_shape<typename ElementOf<dtype>::type>(p, d).item_pairs;
 }
 
-template <DType dtype>
+template <DType dtype, bool kFp8Cache>
 bool sm90_kernel_ready(int device) {
   static_assert(sm90_detail::Sm90Tile::kKeyTile == kSm90KeyTile && sm90_detail::Sm90Tile::kRowTile == kLargeRowTile,
                 "the planners and the kernel choice size calls for these tiles");
-  return sm90_detail::kernel_ready<typename ElementOf<dtype>::type, false>(device) &&
+  return sm90_detail::kernel_ready<typename ElementOf<dtype>::type, false, kFp8Cache>(device) &&
          sm90_detail::tensor_map_encoder() != nullptr;
 }
 
-template <DType dtype>
+template <DType dtype, bool kFp8Cache>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& d) {
   using T = typename ElementOf<dtype>::type;
   using C = sm90_detail::Sm90Tile;
   static_assert(dtype != DType::kFloat32, "the sm_90a kernel takes fp16 or bf16");
-  const sm90_detail::LaunchShape shape = sm90_detail::launch_shape<T>(params, d);
+  const sm90_detail::LaunchShape shape = sm90_detail::launch_shape<T, kFp8Cache>(params, d);
   if (!shape.runs) return {};
   DecodeParams p = params;
   p.item_pairs_in_cluster = shape.item_pairs;
@@ -212,8 +219,14 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
   // A sequence's row blocks read the same tiles, one of them mostly from L2: with two or more, warpgroup 0's early
   // scores pay (perf-log v60, v61).
   const bool early_scores = rows > C::kRowTile;
-  const auto kernel = clustered ? sm90_detail::decode_kernel<T, true>(early_scores)
-                                : sm90_detail::decode_kernel<T, false>(early_scores);
+  const auto kernel = [&] {
+    if constexpr (kFp8Cache) {
+      return sm90_detail::decode_kernel<T, false, true>(early_scores);
+    } else {
+      return clustered ? sm90_detail::decode_kernel<T, true>(early_scores)
+                       : sm90_detail::decode_kernel<T, false>(early_scores);
+    }
+  }();
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, shape.kv_map, shape.k_pe_map);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("mla decode sm90 kernel launch: ") + cudaGetErrorString(err));

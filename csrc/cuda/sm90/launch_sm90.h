@@ -24,8 +24,9 @@ struct Sm90Launch {
 };
 
 // Launches the sm_90a main kernel (not the split combine) for a call it takes (sm90_takes_call); launched is false
-// only where the driver refuses the caches' tensor maps or the grid is too large.
-template <DType dtype>
+// only where the driver refuses the caches' tensor maps or the grid is too large. kFp8Cache: a float8_e4m3fn cache
+// stored per tensor (instantiations/sm90_fp8_*.cu), whose tiles the kernel converts; never in clusters.
+template <DType dtype, bool kFp8Cache = false>
 Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, const DeviceInfo& device);
 
 // Whether launch_decode_sm90 runs this call's balanced work items in clusters of two, which the planner kernel then
@@ -36,15 +37,16 @@ bool sm90_pairs_items(const DecodeParams& params, const DeviceInfo& device);
 
 // Whether this build holds the kernel's sm_90a code for `device` and the driver can describe caches to the copy
 // engine (once per device).
-template <DType dtype>
+template <DType dtype, bool kFp8Cache = false>
 bool sm90_kernel_ready(int device);
 
 // The shapes and layouts the kernel takes: S_q * H > 16 rows, dense caches or pages of a multiple of 64 keys, a
-// caller's split on 64-key boundaries (the planners cut on them), 16-byte aligned cache pointers and strides.
+// caller's split on 64-key boundaries (the planners cut on them), 16-byte aligned cache pointers and strides (an
+// fp8 cache's strides count bytes).
 inline bool sm90_takes_layout(const DecodeParams& p) {
   const auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
-  constexpr int64_t kElement = 2;
-  const auto rows_aligned = [&](int64_t stride) { return stride > 0 && (stride * kElement) % 16 == 0; };
+  const int64_t element_bytes = p.cache_format == CacheFormat::kNative ? 2 : 1;
+  const auto rows_aligned = [&](int64_t stride) { return stride > 0 && (stride * element_bytes) % 16 == 0; };
   return sm90_takes_rows(static_cast<int64_t>(p.seqlen_q) * p.num_heads) &&
          !(p.num_splits > 1 && p.kv_len_per_split % kSm90KeyTile != 0) &&
          !(p.block_table != nullptr && p.page_size % kSm90KeyTile != 0) &&  // a tile in one page
