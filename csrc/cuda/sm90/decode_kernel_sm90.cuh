@@ -92,8 +92,9 @@ __device__ __forceinline__ int recomputed(int x) {
   return x;
 }
 
-__device__ __forceinline__ uint32_t full_barrier(uint32_t full_bar, int tile, int part) {
-  return full_bar + 8 * ((tile % C::kStages) * C::kParts + part);
+// Barrier `part` of tile t's stage in an array of [stage][part] mbarriers (full, or an fp8 cache's raw).
+__device__ __forceinline__ uint32_t part_barrier(uint32_t bars, int tile, int part) {
+  return bars + 8 * ((tile % C::kStages) * C::kParts + part);
 }
 __device__ __forceinline__ uint32_t empty_barrier(uint32_t empty_bar, int stage, int half) {
   return empty_bar + 8 * (stage * C::kHalves + half);
@@ -102,11 +103,35 @@ __device__ __forceinline__ uint32_t phase_parity(int tile) {
   return (tile / C::kStages) & 1;
 }
 
-// Producer (one thread): tile t into stage t % 2, one box per part in its owner's walk order. Each V half waits for
-// its own empty barrier (the previous tile of the stage freed by that half's warpgroup), so the owner's half of
-// tile t + 2 is in flight while the other warpgroup still reads its half of tile t; k_pe follows both. A tile
-// whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete a phase
-// ahead of a consumer still waiting on the previous one).
+// Before a part of tile t goes into its stage: a V half waits for its own empty barrier (the stage's previous tile
+// freed by that half's warpgroup); k_pe follows both halves, so it waits for nothing more.
+__device__ __forceinline__ void wait_part_free(uint32_t empty_bar, int tile, int part) {
+  const int stage = tile % C::kStages;
+  const int use = tile / C::kStages;  // how often this stage was filled before
+  if (use > 0 && part < C::kHalves) {
+    mbarrier_wait(empty_barrier(empty_bar, stage, C::part_block(stage, part) / C::kHalfBlocks), (use - 1) & 1);
+  }
+}
+
+// Copies a tile's part (first block `block`) into shared memory at `dst`, its `bytes` counted on `bar`; a tile whose
+// page is not loaded gets a bare arrival instead (its phase must still complete).
+__device__ __forceinline__ void copy_part(const CUtensorMap* kv_map, const CUtensorMap* k_pe_map, uint32_t dst,
+                                          uint32_t bar, uint32_t bytes, int part, int block, int row_in_page,
+                                          int page) {
+  if (page < 0) {
+    mbarrier_arrive(bar);
+    return;
+  }
+  mbarrier_arrive_expect_tx(bar, bytes);
+  // the cache maps' third coordinate counts 64-column blocks: k_pe is block 0 of its own map
+  const bool latent = part < C::kHalves;
+  tma_load_4d(dst, latent ? kv_map : k_pe_map, bar, 0, row_in_page, latent ? block : 0, page);
+}
+
+// Producer (one thread): tile t into stage t % 2, one box per part in its owner's walk order, each after
+// wait_part_free, so the owner's half of tile t + 2 is in flight while the other warpgroup still reads its half of
+// tile t. A tile whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete
+// a phase ahead of a consumer still waiting on the previous one); the consumers skip it.
 __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
                                               const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
                                               uint32_t empty_bar) {
@@ -114,24 +139,15 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
   prefetch_tensor_map(k_pe_map);
   for (int tile = 0; tile < w.num_tiles; ++tile) {
     const int stage = tile % C::kStages;  // = its owner warpgroup
-    const int use = tile / C::kStages;    // how often this stage was filled before
     int row_in_page = 0;
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
     const uint32_t dst = kv_smem + stage * C::kTileBytes;
 #pragma unroll
     for (int part = 0; part < C::kParts; ++part) {
       const int block = C::part_block(stage, part);
-      const bool latent = part < C::kHalves;
-      if (use > 0 && latent) mbarrier_wait(empty_barrier(empty_bar, stage, block / C::kHalfBlocks), (use - 1) & 1);
-      const uint32_t full = full_barrier(full_bar, tile, part);
-      if (page < 0) {
-        mbarrier_arrive(full);  // nothing to load: the consumers skip this tile
-        continue;
-      }
-      mbarrier_arrive_expect_tx(full, C::part_bytes(part));
-      // the cache maps' third coordinate counts 64-column blocks: k_pe is block 0 of its own map
-      tma_load_4d(dst + block * C::kBlockBytes, latent ? kv_map : k_pe_map, full, 0, row_in_page, latent ? block : 0,
-                  page);
+      wait_part_free(empty_bar, tile, part);
+      copy_part(kv_map, k_pe_map, dst + block * C::kBlockBytes, part_barrier(full_bar, tile, part), C::part_bytes(part),
+                part, block, row_in_page, page);
     }
   }
 }
@@ -162,7 +178,6 @@ __device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const C
   }
   for (int tile = 0; tile < w.num_tiles; ++tile) {
     const int stage = tile % C::kStages;
-    const int use = tile / C::kStages;
     if (issuer && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
     int row_in_page = 0;
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
@@ -170,29 +185,23 @@ __device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const C
 #pragma unroll
     for (int part = 0; part < C::kParts; ++part) {
       const int block = C::part_block(stage, part);
-      const bool latent = part < C::kHalves;
       const uint32_t space = dst + block * C::kBlockBytes;
-      const uint32_t raw = raw_bar + 8 * (stage * C::kParts + part);
-      if (use > 0 && latent) mbarrier_wait(empty_barrier(empty_bar, stage, block / C::kHalfBlocks), (use - 1) & 1);
+      const uint32_t raw = part_barrier(raw_bar, tile, part);
+      wait_part_free(empty_bar, tile, part);
       if (issuer) {
-        if (page < 0) {
-          mbarrier_arrive(raw);
-        } else {
-          mbarrier_arrive_expect_tx(raw, latent ? C::kHalfBlocks * F::kRawBlockBytes : F::kRawBlockBytes);
-          tma_load_4d(space + (latent ? F::kHalfRawOffset : F::kRopeRawOffset), latent ? kv_map : k_pe_map, raw, 0,
-                      row_in_page, latent ? block : 0, page);
-        }
+        copy_part(kv_map, k_pe_map, space + F::raw_offset(part), raw, F::raw_bytes(part), part, block, row_in_page,
+                  page);
       }
       if (page >= 0) {
-        mbarrier_wait(raw, use & 1);
-        if (latent) {
+        mbarrier_wait(raw, phase_parity(tile));
+        if (part < C::kHalves) {
           fp8_detail::convert_half_in_place<T>(space, thread);
         } else {
           fp8_detail::convert_rope_in_place<T>(space, thread);
         }
         fence_proxy_async();  // generic-proxy stores, read by wgmma
       }
-      mbarrier_arrive(full_barrier(full_bar, tile, part));
+      mbarrier_arrive(part_barrier(full_bar, tile, part));
     }
   }
 }
@@ -213,7 +222,7 @@ __device__ __forceinline__ void issue_scores(int tile, uint32_t q_smem, uint32_t
     const int block = C::walk_block(kOwner, i);
     // One barrier per part: the products on the first part run while the later ones arrive.
     if (C::opens_part(i)) {
-      mbarrier_wait(full_barrier(full_bar, tile, C::walk_part(i)), phase_parity(tile));
+      mbarrier_wait(part_barrier(full_bar, tile, C::walk_part(i)), phase_parity(tile));
       wgmma_fence();  // after the wait's branch, so the compiler need not insert one (it would serialize the wgmmas)
     }
 #pragma unroll

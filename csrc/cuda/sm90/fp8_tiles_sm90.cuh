@@ -31,6 +31,11 @@ struct Fp8Tile {
   static constexpr int kRopeRawOffset = kRawBlockBytes;                             // 4 KB into the k_pe block
   static constexpr int kPrefetchTiles = 3;  // tiles asked of L2 ahead of their copies
   static constexpr int kBarrier = 6;        // named barrier of the producer warpgroup (cta_tile_sm90.cuh uses 1-5)
+  // A part's e4m3 bytes (a V half's 4 raw blocks, or k_pe's one) and where in its space they land.
+  static constexpr int raw_bytes(int part) {
+    return part < Sm90Tile::kHalves ? Sm90Tile::kHalfBlocks * kRawBlockBytes : kRawBlockBytes;
+  }
+  static constexpr int raw_offset(int part) { return part < Sm90Tile::kHalves ? kHalfRawOffset : kRopeRawOffset; }
   // Raw chunks (16 bytes) of a raw block per converting thread.
   static constexpr int kChunksPerThread = kRawBlockBytes / 16 / kThreads;
   static_assert(kChunksPerThread == 2, "two chunks of each raw block per thread");
