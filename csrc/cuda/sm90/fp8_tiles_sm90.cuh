@@ -18,8 +18,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/device_primitives.cuh"
+#include "cuda/common/fp8_fragments.cuh"
 #include "cuda/sm90/cta_tile_sm90.cuh"
 
 namespace mla::cuda::sm90 {
@@ -52,19 +54,20 @@ namespace fp8_detail {
 using C = Sm90Tile;
 using F = Fp8Tile;
 
-// An e4m3 pair (low byte first) as a T pair, exactly.
+// Four e4m3 values (a word, low byte first) as two T pairs, exactly: fp16 holds every e4m3 value, and bf16 every
+// value of those.
 template <typename T>
-__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair);
-template <>
-__device__ __forceinline__ uint32_t e4m3x2_to<__half>(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-template <>
-__device__ __forceinline__ uint32_t e4m3x2_to<__nv_bfloat16>(uint32_t pair) {
-  const float2 f =
-      __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)));
-  return pack2<__nv_bfloat16>(f.x, f.y);
+__device__ __forceinline__ uint2 e4m3x4_to(uint32_t word) {
+  uint2 pairs;
+  e4m3x4_to_half2x2(word, pairs.x, pairs.y);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const auto to_bf16 = [](uint32_t pair) {
+      return pack2<__nv_bfloat16>(__half2float(__ushort_as_half(static_cast<unsigned short>(pair & 0xffffu))),
+                                  __half2float(__ushort_as_half(static_cast<unsigned short>(pair >> 16))));
+    };
+    pairs = make_uint2(to_bf16(pairs.x), to_bf16(pairs.y));
+  }
+  return pairs;
 }
 
 __device__ __forceinline__ uint4 load_chunk(uint32_t src) {
@@ -85,10 +88,9 @@ __device__ __forceinline__ void store_converted(uint32_t block, int i, const uin
   const int key = i >> 2;
   const int col = (i & 3) * 2;
   const uint32_t row = block + key * 128;
-  store_chunk(row + ((col ^ (key & 7)) << 4), e4m3x2_to<T>(raw.x & 0xffffu), e4m3x2_to<T>(raw.x >> 16),
-              e4m3x2_to<T>(raw.y & 0xffffu), e4m3x2_to<T>(raw.y >> 16));
-  store_chunk(row + (((col + 1) ^ (key & 7)) << 4), e4m3x2_to<T>(raw.z & 0xffffu), e4m3x2_to<T>(raw.z >> 16),
-              e4m3x2_to<T>(raw.w & 0xffffu), e4m3x2_to<T>(raw.w >> 16));
+  const uint2 x = e4m3x4_to<T>(raw.x), y = e4m3x4_to<T>(raw.y), z = e4m3x4_to<T>(raw.z), w = e4m3x4_to<T>(raw.w);
+  store_chunk(row + ((col ^ (key & 7)) << 4), x.x, x.y, y.x, y.y);
+  store_chunk(row + (((col + 1) ^ (key & 7)) << 4), z.x, z.y, w.x, w.y);
 }
 
 // This thread's chunks of raw block `raw` into converted block `block`.
