@@ -287,6 +287,22 @@ bool launch_first_fitting(const DecodeParams& p, cudaStream_t stream, const Devi
   }
 }
 
+// The sm_90a main kernel, then the combine where the call has splits not merged in clusters; false where it does not
+// launch (the driver refused the caches' tensor maps), so the caller falls back.
+template <DType dtype, bool kFp8Cache = false>
+bool launch_sm90_with_combine(const DecodeParams& p, const DeviceInfo& d, cudaStream_t stream) {
+  const Sm90Launch sm90 = launch_decode_sm90<dtype, kFp8Cache>(p, stream, d);
+  if (!sm90.launched) return false;
+  count_launch(KernelPath::kSm90);
+  if (sm90.item_pairs) count_launch(KernelPath::kItemPairs);
+  if (sm90.merged_in_cluster) {
+    count_launch(KernelPath::kClusterMerge);
+  } else if (p.num_splits > 1 || p.balanced_target > 0) {
+    detail::launch_combine<typename ElementOf<dtype>::type>(p, stream, use_programmatic_launch(p), d.sm_count);
+  }
+  return true;
+}
+
 template <DType dtype>
 KernelChoice choose_kernel(const DecodeParams& p, const DeviceInfo& d) {
   using T = typename ElementOf<dtype>::type;
@@ -346,17 +362,7 @@ void launch_decode(const DecodeParams& p, const KernelChoice& choice, const Devi
     using C = TensorCoreConfigs<T>;
     switch (choice.kernel) {
       case MainKernel::kSm90: {
-        const Sm90Launch sm90 = launch_decode_sm90<dtype>(p, stream, d);
-        if (sm90.launched) {
-          count_launch(KernelPath::kSm90);
-          if (sm90.item_pairs) count_launch(KernelPath::kItemPairs);
-          if (sm90.merged_in_cluster) {
-            count_launch(KernelPath::kClusterMerge);
-          } else if (p.num_splits > 1 || p.balanced_target > 0) {
-            detail::launch_combine<T>(p, stream, use_programmatic_launch(p), d.sm_count);
-          }
-          return;
-        }
+        if (launch_sm90_with_combine<dtype>(p, d, stream)) return;
         // The driver refused the caches' tensor maps: the many-row kernel walks the same plan (64-row work items).
         launched = launch_first_fitting<typename C::ManyRowsSm90, typename C::ManyRowsSm80>(p, stream, d);
         break;
@@ -387,10 +393,8 @@ void launch_plan(const DecodeParams& params, const KernelChoice& choice, const D
   if (params.item_table == nullptr) throw std::runtime_error("mla plan: internal error: the call plans no work items");
   DecodeParams p = params;
   if constexpr (dtype != DType::kFloat32) {
-    // the sm_90a launcher pairs items the same way for the same call (never on an fp8 cache)
-    if (choice.kernel == MainKernel::kSm90 && p.cache_format == CacheFormat::kNative) {
-      p.item_pairs_in_cluster = sm90_pairs_items<dtype>(p, d);
-    }
+    // the sm_90a launcher pairs items the same way for the same call
+    if (choice.kernel == MainKernel::kSm90) p.item_pairs_in_cluster = sm90_pairs_items<dtype>(p, d);
   }
   launch_work_item_plan(p, stream, d.major >= 9 && use_programmatic_launch(p));
 }

@@ -83,14 +83,10 @@ void launch_decode_fp8_cache(const DecodeParams& p, const KernelChoice& choice, 
                              cudaStream_t stream) {
   static_assert(dtype != DType::kFloat32, "fp8 caches take fp16 or bf16 queries");
   if (choice.kernel == MainKernel::kSm90) {
-    if (!launch_decode_sm90<dtype, true>(p, stream, d).launched) {
+    if (!launch_sm90_with_combine<dtype, true>(p, d, stream)) {
       throw std::runtime_error(
           "mla decode: the sm_90a kernel cannot launch (the driver refused the fp8 cache's tensor maps, or too many "
           "work items)");
-    }
-    count_launch(KernelPath::kSm90);
-    if (p.num_splits > 1 || p.balanced_target > 0) {
-      detail::launch_combine<typename ElementOf<dtype>::type>(p, stream, use_programmatic_launch(p), d.sm_count);
     }
     return;
   }

@@ -173,7 +173,8 @@ LaunchShape launch_shape(const DecodeParams& p, const DeviceInfo& d) {
 
 template <DType dtype>
 bool sm90_pairs_items(const DecodeParams& p, const DeviceInfo& d) {
-  return sm90_detail::launch_shape<typename ElementOf<dtype>::type>(p, d).item_pairs;
+  return p.cache_format == CacheFormat::kNative &&
+         sm90_detail::launch_shape<typename ElementOf<dtype>::type>(p, d).item_pairs;
 }
 
 template <DType dtype, bool kFp8Cache>

@@ -31,7 +31,7 @@ Sm90Launch launch_decode_sm90(const DecodeParams& params, cudaStream_t stream, c
 
 // Whether launch_decode_sm90 runs this call's balanced work items in clusters of two, which the planner kernel then
 // pairs (see pair_items_in_cluster); false also where it would not launch (the many-row kernel, which pairs nothing,
-// runs the call instead).
+// runs the call instead) and on an fp8 cache (never in clusters).
 template <DType dtype>
 bool sm90_pairs_items(const DecodeParams& params, const DeviceInfo& device);
 
