@@ -128,16 +128,15 @@ __device__ __forceinline__ void copy_part(const CUtensorMap* kv_map, const CUten
   tma_load_4d(dst, latent ? kv_map : k_pe_map, bar, 0, row_in_page, latent ? block : 0, page);
 }
 
-// Producer (one thread): tile t into stage t % 2, one box per part in its owner's walk order, each after
-// wait_part_free, so the owner's half of tile t + 2 is in flight while the other warpgroup still reads its half of
-// tile t. A tile whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete
-// a phase ahead of a consumer still waiting on the previous one); the consumers skip it.
-__device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
-                                              const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
-                                              uint32_t empty_bar) {
-  prefetch_tensor_map(kv_map);
-  prefetch_tensor_map(k_pe_map);
+// The producers' walk: tile t into stage t % 2, one part at a time in its owner's walk order, each once
+// wait_part_free says its space is free, so the owner's half of tile t + 2 goes in while the other warpgroup still
+// reads its half of tile t. on_tile(t) runs before tile t's parts; on_part(t, part, block, space, page, row_in_page)
+// then fills a part (first block `block`, at `space`); page < 0: the tile's page is not loaded.
+template <class OnTile, class OnPart>
+__device__ __forceinline__ void walk_free_parts(const DecodeParams& p, const CtaWork& w, uint32_t kv_smem,
+                                                uint32_t empty_bar, OnTile&& on_tile, OnPart&& on_part) {
   for (int tile = 0; tile < w.num_tiles; ++tile) {
+    on_tile(tile);
     const int stage = tile % C::kStages;  // = its owner warpgroup
     int row_in_page = 0;
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
@@ -146,17 +145,32 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
     for (int part = 0; part < C::kParts; ++part) {
       const int block = C::part_block(stage, part);
       wait_part_free(empty_bar, tile, part);
-      copy_part(kv_map, k_pe_map, dst + block * C::kBlockBytes, part_barrier(full_bar, tile, part), C::part_bytes(part),
-                part, block, row_in_page, page);
+      on_part(tile, part, block, dst + block * C::kBlockBytes, page, row_in_page);
     }
   }
 }
 
-// Producer on an fp8 cache (fp8_tiles_sm90.cuh), the whole warpgroup: tile t into stage t % 2, part by part in the
-// order and after the same waits as produce_tiles. Thread 0 copies a part's e4m3 bytes into the back of its space
-// (raw[stage][part], count 1 + the bytes) and asks L2 for the tiles Fp8Tile::kPrefetchTiles ahead; then every thread
-// converts the part in place and arrives on its full barrier (count 128) once its stores are visible to wgmma. A tile
-// whose page is not loaded gets bare arrivals on both, so each barrier completes once per use of its stage.
+// Producer (one thread): a box per part (walk_free_parts). A tile whose page is not loaded gets bare arrivals, after
+// the same waits (a full barrier must not complete a phase ahead of a consumer still waiting on the previous one);
+// the consumers skip it.
+__device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
+                                              const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
+                                              uint32_t empty_bar) {
+  prefetch_tensor_map(kv_map);
+  prefetch_tensor_map(k_pe_map);
+  walk_free_parts(
+      p, w, kv_smem, empty_bar, [](int) {},
+      [&](int tile, int part, int block, uint32_t space, int page, int row_in_page) {
+        copy_part(kv_map, k_pe_map, space, part_barrier(full_bar, tile, part), C::part_bytes(part), part, block,
+                  row_in_page, page);
+      });
+}
+
+// Producer on an fp8 cache (fp8_tiles_sm90.cuh), the whole warpgroup, on the walk of produce_tiles. Thread 0 copies a
+// part's e4m3 bytes into the back of its space (raw[stage][part], count 1 + the bytes) and asks L2 for the tiles
+// Fp8Tile::kPrefetchTiles ahead; then every thread converts the part in place and arrives on its full barrier (count
+// 128) once its stores are visible to wgmma. A tile whose page is not loaded gets bare arrivals on both, so each
+// barrier completes once per use of its stage.
 template <typename T>
 __device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
                                                   const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
@@ -176,34 +190,28 @@ __device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const C
     prefetch_tensor_map(k_pe_map);
     for (int tile = 0; tile < min(F::kPrefetchTiles, w.num_tiles); ++tile) prefetch(tile);
   }
-  for (int tile = 0; tile < w.num_tiles; ++tile) {
-    const int stage = tile % C::kStages;
-    if (issuer && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
-    int row_in_page = 0;
-    const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
-    const uint32_t dst = kv_smem + stage * C::kTileBytes;
-#pragma unroll
-    for (int part = 0; part < C::kParts; ++part) {
-      const int block = C::part_block(stage, part);
-      const uint32_t space = dst + block * C::kBlockBytes;
-      const uint32_t raw = part_barrier(raw_bar, tile, part);
-      wait_part_free(empty_bar, tile, part);
-      if (issuer) {
-        copy_part(kv_map, k_pe_map, space + F::raw_offset(part), raw, F::raw_bytes(part), part, block, row_in_page,
-                  page);
-      }
-      if (page >= 0) {
-        mbarrier_wait(raw, phase_parity(tile));
-        if (part < C::kHalves) {
-          fp8_detail::convert_half_in_place<T>(space, thread);
-        } else {
-          fp8_detail::convert_rope_in_place<T>(space, thread);
+  walk_free_parts(
+      p, w, kv_smem, empty_bar,
+      [&](int tile) {
+        if (issuer && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
+      },
+      [&](int tile, int part, int block, uint32_t space, int page, int row_in_page) {
+        const uint32_t raw = part_barrier(raw_bar, tile, part);
+        if (issuer) {
+          copy_part(kv_map, k_pe_map, space + F::raw_offset(part), raw, F::raw_bytes(part), part, block, row_in_page,
+                    page);
         }
-        fence_proxy_async();  // generic-proxy stores, read by wgmma
-      }
-      mbarrier_arrive(part_barrier(full_bar, tile, part));
-    }
-  }
+        if (page >= 0) {
+          mbarrier_wait(raw, phase_parity(tile));
+          if (part < C::kHalves) {
+            fp8_detail::convert_half_in_place<T>(space, thread);
+          } else {
+            fp8_detail::convert_rope_in_place<T>(space, thread);
+          }
+          fence_proxy_async();  // generic-proxy stores, read by wgmma
+        }
+        mbarrier_arrive(part_barrier(full_bar, tile, part));
+      });
 }
 
 // Waits for the tile's blocks and issues S = Q . K^T into s (9 blocks x 4 k16 steps), walking the blocks in the
