@@ -48,9 +48,9 @@
 // t), and the producer issues those before it waits for the releases of t.
 //
 // On a float8_e4m3fn cache stored per tensor (kFp8Cache) the copy brings a part's e4m3 bytes into the back of its
-// space and all 128 producer threads convert them in place into the same layout (fp8_tiles_sm90.cuh); a full barrier
-// then counts their 128 arrivals. The consumers differ only in the scale: kv_scale joins the softmax scale and
-// multiplies the output.
+// space as soon as it is free, and warps 1-3 of the producer warpgroup convert them in place into the same layout
+// (fp8_tiles_sm90.cuh); a full barrier then counts their 96 arrivals. The consumers differ only in the scale: kv_scale
+// joins the softmax scale and multiplies the output.
 //
 // Masks: a tile lies in one page (the launcher guarantees page_size % 64 == 0 or a dense cache, and splits that
 // start on 64-key boundaries). A tile whose page is outside [0, P) is never loaded and skipped by everyone. Keys at
@@ -153,30 +153,14 @@ __device__ __forceinline__ void walk_free_parts(const DecodeParams& p, const Cta
 // Producer (one thread): a box per part (walk_free_parts). A tile whose page is not loaded gets bare arrivals, after
 // the same waits (a full barrier must not complete a phase ahead of a consumer still waiting on the previous one);
 // the consumers skip it.
+// On an fp8 cache (kFp8Cache) each box holds a part's e4m3 bytes, lands in the back of the part's space and arrives
+// on copy_bar = raw[stage][part] for the converting threads (convert_fp8_tiles) instead of the full barrier; tiles
+// Fp8Tile::kPrefetchTiles ahead are asked of L2 (half the bytes per tile keep fewer in flight).
+template <bool kFp8Cache>
 __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
-                                              const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
+                                              const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t copy_bar,
                                               uint32_t empty_bar) {
-  prefetch_tensor_map(kv_map);
-  prefetch_tensor_map(k_pe_map);
-  walk_free_parts(
-      p, w, kv_smem, empty_bar, [](int) {},
-      [&](int tile, int part, int block, uint32_t space, int page, int row_in_page) {
-        copy_part(kv_map, k_pe_map, space, part_barrier(full_bar, tile, part), C::part_bytes(part), part, block,
-                  row_in_page, page);
-      });
-}
-
-// Producer on an fp8 cache (fp8_tiles_sm90.cuh), the whole warpgroup, on the walk of produce_tiles. Thread 0 copies a
-// part's e4m3 bytes into the back of its space (raw[stage][part], count 1 + the bytes) and asks L2 for the tiles
-// Fp8Tile::kPrefetchTiles ahead; then every thread converts the part in place and arrives on its full barrier (count
-// 128) once its stores are visible to wgmma. A tile whose page is not loaded gets bare arrivals on both, so each
-// barrier completes once per use of its stage.
-template <typename T>
-__device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const CtaWork& w, const CUtensorMap* kv_map,
-                                                  const CUtensorMap* k_pe_map, uint32_t kv_smem, uint32_t full_bar,
-                                                  uint32_t empty_bar, uint32_t raw_bar, int thread) {
   using F = Fp8Tile;
-  const bool issuer = thread == 0;
   const auto prefetch = [&](int tile) {
     int row_in_page = 0;
     const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
@@ -185,33 +169,48 @@ __device__ __forceinline__ void produce_fp8_tiles(const DecodeParams& p, const C
     tma_prefetch_4d(kv_map, 0, row_in_page, C::kHalfBlocks, page);
     tma_prefetch_4d(k_pe_map, 0, row_in_page, 0, page);
   };
-  if (issuer) {
-    prefetch_tensor_map(kv_map);
-    prefetch_tensor_map(k_pe_map);
+  prefetch_tensor_map(kv_map);
+  prefetch_tensor_map(k_pe_map);
+  if constexpr (kFp8Cache) {
     for (int tile = 0; tile < min(F::kPrefetchTiles, w.num_tiles); ++tile) prefetch(tile);
   }
   walk_free_parts(
       p, w, kv_smem, empty_bar,
       [&](int tile) {
-        if (issuer && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
+        if (kFp8Cache && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
       },
       [&](int tile, int part, int block, uint32_t space, int page, int row_in_page) {
-        const uint32_t raw = part_barrier(raw_bar, tile, part);
-        if (issuer) {
-          copy_part(kv_map, k_pe_map, space + F::raw_offset(part), raw, F::raw_bytes(part), part, block, row_in_page,
-                    page);
-        }
-        if (page >= 0) {
-          mbarrier_wait(raw, phase_parity(tile));
-          if (part < C::kHalves) {
-            fp8_detail::convert_half_in_place<T>(space, thread);
-          } else {
-            fp8_detail::convert_rope_in_place<T>(space, thread);
-          }
-          fence_proxy_async();  // generic-proxy stores, read by wgmma
-        }
-        mbarrier_arrive(part_barrier(full_bar, tile, part));
+        copy_part(kv_map, k_pe_map, space + (kFp8Cache ? F::raw_offset(part) : 0), part_barrier(copy_bar, tile, part),
+                  kFp8Cache ? F::raw_bytes(part) : C::part_bytes(part), part, block, row_in_page, page);
       });
+}
+
+// The converting threads on an fp8 cache (warps 1-3 of the producer warpgroup, fp8_tiles_sm90.cuh): each part of tile
+// t, once its bytes are in (raw[stage][part]), in place into q's dtype, then an arrival on its full barrier (count 96)
+// once their stores are visible to wgmma. A tile whose page is not loaded gets bare arrivals, but only after its raw
+// barrier too: the copying thread's arrival there follows wait_part_free, so the full barrier cannot complete a phase
+// ahead of a consumer still waiting on the previous one.
+template <typename T>
+__device__ __forceinline__ void convert_fp8_tiles(const DecodeParams& p, const CtaWork& w, uint32_t kv_smem,
+                                                  uint32_t full_bar, uint32_t raw_bar, int thread) {
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const bool loaded = tile_loaded(p, w, tile);
+    const uint32_t dst = kv_smem + (tile % C::kStages) * C::kTileBytes;
+#pragma unroll
+    for (int part = 0; part < C::kParts; ++part) {
+      const uint32_t space = dst + C::part_block(tile % C::kStages, part) * C::kBlockBytes;
+      mbarrier_wait(part_barrier(raw_bar, tile, part), phase_parity(tile));
+      if (loaded) {
+        if (part < C::kHalves) {
+          fp8_detail::convert_half_in_place<T>(space, thread);
+        } else {
+          fp8_detail::convert_rope_in_place<T>(space, thread);
+        }
+        fence_proxy_async();  // generic-proxy stores, read by wgmma
+      }
+      mbarrier_arrive(part_barrier(full_bar, tile, part));
+    }
+  }
 }
 
 // Waits for the tile's blocks and issues S = Q . K^T into s (9 blocks x 4 k16 steps), walking the blocks in the
@@ -577,7 +576,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int b = 0; b < C::kStages * C::kParts; ++b) {
-      // the producer thread (+ TMA bytes), or every converting thread of an fp8 cache's
+      // the producer thread (+ TMA bytes), or an fp8 cache's converting threads
       mbarrier_init(full_bar + 8 * b, kFp8Cache ? Fp8Tile::kThreads : 1);
       if (kFp8Cache) mbarrier_init(raw_bar + 8 * b, 1);  // the copying thread (+ TMA bytes)
     }
@@ -588,11 +587,11 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads, 1)
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
-    if constexpr (kFp8Cache) {
-      detail::produce_fp8_tiles<T>(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar, raw_bar,
-                                   static_cast<int>(threadIdx.x));
-    } else if (threadIdx.x == 0) {
-      detail::produce_tiles(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, full_bar, empty_bar);
+    if (threadIdx.x == 0) {
+      detail::produce_tiles<kFp8Cache>(p, w, &kv_map, &k_pe_map, base + C::kKvOffset, kFp8Cache ? raw_bar : full_bar,
+                                       empty_bar);
+    } else if (kFp8Cache && threadIdx.x >= 32) {
+      detail::convert_fp8_tiles<T>(p, w, base + C::kKvOffset, full_bar, raw_bar, static_cast<int>(threadIdx.x) - 32);
     }
     if (kMergeInCluster && piece_merges_in_cluster(p, w)) join_cluster_merge();
   } else {

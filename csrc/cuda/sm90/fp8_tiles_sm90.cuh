@@ -1,10 +1,11 @@
 // The sm_90a kernel's tiles from a float8_e4m3fn cache stored per tensor (DecodeParams::cache_format). The copy engine
 // brings each part's e4m3 bytes into the back of the part's own space in the stage ("raw" blocks: 64 keys x 64 bytes,
-// 4 KB, unswizzled), then the producer warpgroup's 128 threads convert them in place into q's dtype in the swizzled
-// block layout that a 16-bit cache's tiles get from TMA (cta_tile_sm90.cuh), so the consumers' wgmma loop is the
-// same. Every e4m3 value is an fp16 and a bf16 value: the conversion is exact, and the scale stays out of it (the
-// consumers fold it into the softmax scale and the output). Each tile is converted once per CTA for its 64 query
-// rows, and no thread waits on a global load: the loads are the copy engine's.
+// 4 KB, unswizzled); thread 0 of the producer warpgroup issues the copies as soon as a part's space is free, so they
+// run ahead of the conversion as a 16-bit cache's do. Warps 1-3 (96 threads) convert the bytes in place into q's
+// dtype in the swizzled block layout that a 16-bit cache's tiles get from TMA (cta_tile_sm90.cuh), so the consumers'
+// wgmma loop is the same. Every e4m3 value is an fp16 and a bf16 value: the conversion is exact, and the scale stays
+// out of it (the consumers fold it into the softmax scale and the output). Each tile is converted once per CTA for its
+// 64 query rows.
 //
 // In place: a V half is 4 blocks (32 KB) whose raw bytes (16 KB) sit in its back half, raw block j at 16 KB + 4 KB j.
 // Writing block j covers raw blocks 2j - 4 and 2j - 3: blocks 0 and 1 cover nothing, block 2 raw blocks 0 and 1
@@ -27,20 +28,19 @@
 namespace mla::cuda::sm90 {
 
 struct Fp8Tile {
-  static constexpr int kThreads = 128;                                              // the producer warpgroup converts
+  static constexpr int kThreads = 96;  // warps 1-3 of the producer warpgroup convert
   static constexpr int kRawBlockBytes = Sm90Tile::kKeyTile * Sm90Tile::kBlockCols;  // 64 keys x 64 e4m3 bytes
   static constexpr int kHalfRawOffset = Sm90Tile::kHalfBlocks * kRawBlockBytes;     // 16 KB into a V half
   static constexpr int kRopeRawOffset = kRawBlockBytes;                             // 4 KB into the k_pe block
   static constexpr int kPrefetchTiles = 3;  // tiles asked of L2 ahead of their copies
-  static constexpr int kBarrier = 6;        // named barrier of the producer warpgroup (cta_tile_sm90.cuh uses 1-5)
+  static constexpr int kBarrier = 6;        // named barrier of the converting threads (cta_tile_sm90.cuh uses 1-5)
   // A part's e4m3 bytes (a V half's 4 raw blocks, or k_pe's one) and where in its space they land.
   static constexpr int raw_bytes(int part) {
     return part < Sm90Tile::kHalves ? Sm90Tile::kHalfBlocks * kRawBlockBytes : kRawBlockBytes;
   }
   static constexpr int raw_offset(int part) { return part < Sm90Tile::kHalves ? kHalfRawOffset : kRopeRawOffset; }
-  // Raw chunks (16 bytes) of a raw block per converting thread.
-  static constexpr int kChunksPerThread = kRawBlockBytes / 16 / kThreads;
-  static_assert(kChunksPerThread == 2, "two chunks of each raw block per thread");
+  static constexpr int kChunks = kRawBlockBytes / 16;  // 16-byte chunks of a raw block
+  static constexpr int kChunksPerThread = (kChunks + kThreads - 1) / kThreads;
   static_assert(kHalfRawOffset + Sm90Tile::kHalfBlocks * kRawBlockBytes ==
                     Sm90Tile::kHalfBlocks * Sm90Tile::kBlockBytes,
                 "a half's raw bytes fill its back half");
@@ -99,20 +99,26 @@ __device__ __forceinline__ void convert_block(uint32_t raw, uint32_t block, int 
 #pragma unroll
   for (int k = 0; k < F::kChunksPerThread; ++k) {
     const int i = thread + k * F::kThreads;
-    store_converted<T>(block, i, load_chunk(raw + 16 * i));
+    if (i < F::kChunks) store_converted<T>(block, i, load_chunk(raw + 16 * i));
   }
 }
 
-// Converts one raw block over its own bytes (and bytes others may still read): every thread reads its chunks, the
-// warpgroup meets, then each writes.
+// Converts one raw block over its own bytes (and bytes others may still read): every converting thread reads its
+// chunks, they meet, then each writes.
 template <typename T>
 __device__ __forceinline__ void convert_block_over_itself(uint32_t raw, uint32_t block, int thread) {
   uint4 chunks[F::kChunksPerThread];
 #pragma unroll
-  for (int k = 0; k < F::kChunksPerThread; ++k) chunks[k] = load_chunk(raw + 16 * (thread + k * F::kThreads));
+  for (int k = 0; k < F::kChunksPerThread; ++k) {
+    const int i = thread + k * F::kThreads;
+    if (i < F::kChunks) chunks[k] = load_chunk(raw + 16 * i);
+  }
   named_barrier(F::kBarrier, F::kThreads);
 #pragma unroll
-  for (int k = 0; k < F::kChunksPerThread; ++k) store_converted<T>(block, thread + k * F::kThreads, chunks[k]);
+  for (int k = 0; k < F::kChunksPerThread; ++k) {
+    const int i = thread + k * F::kThreads;
+    if (i < F::kChunks) store_converted<T>(block, i, chunks[k]);
+  }
 }
 
 // A V half (4 blocks from `half`) from its raw bytes at half + 16 KB (see the top of the file for the order).
