@@ -15,12 +15,20 @@
 
 namespace mla::cuda {
 
-// The two e4m3 pairs of `word` (bytes 0-1 and 2-3) as fp16 pairs, low byte in the low half.
+// The two e4m3 pairs of `word` (bytes 0-1 and 2-3) as fp16 pairs, low byte in the low half. From sm_89 on, both
+// conversions read their half of `word` in place (the high one as an operand half, no shift); before, the intrinsic
+// converts in software.
 __device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+#else
   const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
   const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
   lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
   hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+#endif
 }
 
 // Bytes i of x and of y as one e4m3 pair (x's in the low byte), for i = 0..3: out[i / 2] holds pairs i and i + 1.
