@@ -128,31 +128,10 @@ __device__ __forceinline__ void copy_part(const CUtensorMap* kv_map, const CUten
   tma_load_4d(dst, latent ? kv_map : k_pe_map, bar, 0, row_in_page, latent ? block : 0, page);
 }
 
-// The producers' walk: tile t into stage t % 2, one part at a time in its owner's walk order, each once
-// wait_part_free says its space is free, so the owner's half of tile t + 2 goes in while the other warpgroup still
-// reads its half of tile t. on_tile(t) runs before tile t's parts; on_part(t, part, block, space, page, row_in_page)
-// then fills a part (first block `block`, at `space`); page < 0: the tile's page is not loaded.
-template <class OnTile, class OnPart>
-__device__ __forceinline__ void walk_free_parts(const DecodeParams& p, const CtaWork& w, uint32_t kv_smem,
-                                                uint32_t empty_bar, OnTile&& on_tile, OnPart&& on_part) {
-  for (int tile = 0; tile < w.num_tiles; ++tile) {
-    on_tile(tile);
-    const int stage = tile % C::kStages;  // = its owner warpgroup
-    int row_in_page = 0;
-    const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
-    const uint32_t dst = kv_smem + stage * C::kTileBytes;
-#pragma unroll
-    for (int part = 0; part < C::kParts; ++part) {
-      const int block = C::part_block(stage, part);
-      wait_part_free(empty_bar, tile, part);
-      on_part(tile, part, block, dst + block * C::kBlockBytes, page, row_in_page);
-    }
-  }
-}
-
-// Producer (one thread): a box per part (walk_free_parts). A tile whose page is not loaded gets bare arrivals, after
-// the same waits (a full barrier must not complete a phase ahead of a consumer still waiting on the previous one);
-// the consumers skip it.
+// Producer (one thread): tile t into stage t % 2, one box per part in its owner's walk order, each after
+// wait_part_free, so the owner's half of tile t + 2 is in flight while the other warpgroup still reads its half of
+// tile t. A tile whose page is not loaded gets bare arrivals, after the same waits (a full barrier must not complete
+// a phase ahead of a consumer still waiting on the previous one); the consumers skip it.
 // On an fp8 cache (kFp8Cache) each box holds a part's e4m3 bytes, lands in the back of the part's space and arrives
 // on copy_bar = raw[stage][part] for the converting threads (convert_fp8_tiles) instead of the full barrier; tiles
 // Fp8Tile::kPrefetchTiles ahead are asked of L2 (half the bytes per tile keep fewer in flight).
@@ -174,15 +153,21 @@ __device__ __forceinline__ void produce_tiles(const DecodeParams& p, const CtaWo
   if constexpr (kFp8Cache) {
     for (int tile = 0; tile < min(F::kPrefetchTiles, w.num_tiles); ++tile) prefetch(tile);
   }
-  walk_free_parts(
-      p, w, kv_smem, empty_bar,
-      [&](int tile) {
-        if (kFp8Cache && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
-      },
-      [&](int tile, int part, int block, uint32_t space, int page, int row_in_page) {
-        copy_part(kv_map, k_pe_map, space + (kFp8Cache ? F::raw_offset(part) : 0), part_barrier(copy_bar, tile, part),
-                  kFp8Cache ? F::raw_bytes(part) : C::part_bytes(part), part, block, row_in_page, page);
-      });
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    if (kFp8Cache && tile + F::kPrefetchTiles < w.num_tiles) prefetch(tile + F::kPrefetchTiles);
+    const int stage = tile % C::kStages;  // = its owner warpgroup
+    int row_in_page = 0;
+    const int page = tile_page(p, w, w.key_begin + tile * C::kKeyTile, row_in_page);
+    const uint32_t dst = kv_smem + stage * C::kTileBytes;
+#pragma unroll
+    for (int part = 0; part < C::kParts; ++part) {
+      const int block = C::part_block(stage, part);
+      wait_part_free(empty_bar, tile, part);
+      copy_part(kv_map, k_pe_map, dst + block * C::kBlockBytes + (kFp8Cache ? F::raw_offset(part) : 0),
+                part_barrier(copy_bar, tile, part), kFp8Cache ? F::raw_bytes(part) : C::part_bytes(part), part, block,
+                row_in_page, page);
+    }
+  }
 }
 
 // The converting threads on an fp8 cache (warps 1-3 of the producer warpgroup, fp8_tiles_sm90.cuh): each part of tile
